@@ -1,0 +1,277 @@
+//! Wiring: a source feeds the stages, the stages feed the sinks, and a summary says what happened.
+//!
+//! File mode (`run_files`): the file source reads on its own thread into a bounded channel
+//! (`pipeline.source_channel`); each event is processed on the blocking pool (`spawn_blocking`, at most
+//! `pipeline.workers` threads); at most `pipeline.in_flight` events are in flight, and results are handed to the
+//! sink in input order (a queue of in-flight tasks, completed front first). When the queue is full the runner
+//! waits for its oldest task before reading more — that, and the bounded channel, is the backpressure.
+//!
+//! Shutdown (`shutdown` resolves, e.g. on SIGINT/SIGTERM): stop reading, finish what is in flight, flush the
+//! sinks, return the summary. A source or sink I/O error halts the run with an error.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info};
+
+use crate::config::Settings;
+use crate::error::{DocError, ErrorCode, Stage};
+use crate::model::Document;
+use crate::sink::file::FileSink;
+use crate::sink::{DeadLetter, Sink, SinkError};
+use crate::source::file::{self, Input};
+use crate::source::{Origin, SourceError, SourceEvent};
+use crate::stages::{Pipeline, Rejected};
+
+/// What `clinstream run` was asked to do (file mode).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub inputs: Vec<Input>,
+    pub out_dir: PathBuf,
+    pub include_text: bool,
+    /// Draw a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+/// A run that had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+}
+
+impl RunError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RunError::Source(_) => ErrorCode::SourceIo,
+            RunError::Sink(_) => ErrorCode::SinkIo,
+        }
+    }
+}
+
+/// Counts for the end-of-run summary.
+#[derive(Debug, Default, Clone)]
+pub struct Summary {
+    /// Events read (documents and rejected events).
+    pub read: u64,
+    pub written: u64,
+    pub dead_letters: BTreeMap<ErrorCode, u64>,
+    pub skipped_files: u64,
+    pub skipped_resources: u64,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    /// True when a shutdown signal cut the run short.
+    pub interrupted: bool,
+    pub outputs: Vec<PathBuf>,
+}
+
+impl Summary {
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_letters.values().sum()
+    }
+
+    pub fn notes_per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 { self.read as f64 / secs } else { 0.0 }
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = if self.interrupted { " (interrupted)" } else { "" };
+        writeln!(f, "clinstream run{status}")?;
+        writeln!(f, "  documents read       {:>8}", self.read)?;
+        writeln!(f, "  documents written    {:>8}", self.written)?;
+        writeln!(f, "  dead-lettered        {:>8}", self.dead_lettered())?;
+        for (code, n) in &self.dead_letters {
+            writeln!(f, "    {:<26} {:>6}", code.as_str(), n)?;
+        }
+        if self.skipped_files > 0 || self.skipped_resources > 0 {
+            writeln!(
+                f,
+                "  skipped              {:>8} files of other resource types, {} bundle entries that are not DocumentReferences",
+                self.skipped_files, self.skipped_resources
+            )?;
+        }
+        writeln!(
+            f,
+            "  time                 {:>8.2} s   {:.0} notes/s   {:.1} MB/s",
+            self.elapsed.as_secs_f64(),
+            self.notes_per_second(),
+            self.bytes as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
+        )?;
+        for p in &self.outputs {
+            writeln!(f, "  wrote {}", p.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// An event's processing: still running on the pool, or decided without it.
+enum Pending {
+    Task(JoinHandle<Result<Document, Rejected>>),
+    Ready(Result<Document, Rejected>),
+}
+
+/// Runs the file source through the stages into the file sink.
+pub async fn run_files(
+    settings: &Settings,
+    opts: RunOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Summary, RunError> {
+    let started = Instant::now();
+    let plan = file::plan(&opts.inputs)?;
+    let progress = progress_bar(opts.progress, &plan);
+    let mut sink = FileSink::create(&opts.out_dir, opts.include_text || settings.output.include_text)?;
+    let mut summary = Summary { outputs: sink.paths().to_vec(), ..Summary::default() };
+    info!(
+        files = plan.files.len(),
+        stdin = plan.stdin,
+        workers = settings.worker_threads(),
+        in_flight = settings.pipeline.in_flight,
+        "Starting file run."
+    );
+
+    let (tx, mut rx) = mpsc::channel::<file::Item>(settings.pipeline.source_channel);
+    let reader = file::spawn(plan, settings.input.max_message_bytes, tx);
+    let pipeline = Arc::new(Pipeline::new(settings));
+    let capacity = settings.pipeline.in_flight;
+    let mut in_flight: VecDeque<(Origin, Pending)> = VecDeque::with_capacity(capacity);
+    let mut failure: Option<RunError> = None;
+    tokio::pin!(shutdown);
+
+    loop {
+        if in_flight.len() >= capacity {
+            if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
+                failure = Some(e.into());
+                break;
+            }
+            continue;
+        }
+        let item = tokio::select! {
+            biased;
+            _ = &mut shutdown => {
+                info!(in_flight = in_flight.len(), "Shutdown requested; finishing in-flight documents.");
+                summary.interrupted = true;
+                break;
+            }
+            item = rx.recv() => item,
+        };
+        match item {
+            None => break,
+            Some(Err(e)) => {
+                failure = Some(e.into());
+                break;
+            }
+            Some(Ok(SourceEvent::Record(envelope))) => {
+                summary.read += 1;
+                let pipeline = Arc::clone(&pipeline);
+                let origin = envelope.origin.clone();
+                let task = tokio::task::spawn_blocking(move || pipeline.process(&envelope.payload));
+                in_flight.push_back((origin, Pending::Task(task)));
+            }
+            Some(Ok(SourceEvent::Oversized { origin, bytes })) => {
+                summary.read += 1;
+                let error = DocError::new(
+                    ErrorCode::MessageTooLarge,
+                    Stage::Source,
+                    format!("event is {bytes} bytes; the limit is {}", settings.input.max_message_bytes),
+                );
+                in_flight.push_back((origin, Pending::Ready(Err(Rejected { error, doc_id: None }))));
+            }
+            Some(Ok(SourceEvent::Progress(bytes))) => {
+                summary.bytes = bytes;
+                progress.set_position(bytes);
+            }
+            Some(Ok(SourceEvent::SkippedFile(path))) => {
+                summary.skipped_files += 1;
+                debug!(path = %path.display(), "Skipping a file of another resource type.");
+            }
+            Some(Ok(SourceEvent::SkippedResource)) => summary.skipped_resources += 1,
+        }
+    }
+    // Stop the reader (it sees the closed channel) and finish what is in flight, in order.
+    drop(rx);
+    while !in_flight.is_empty() {
+        if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
+            failure.get_or_insert(e.into());
+            break;
+        }
+    }
+    if let Err(e) = sink.flush() {
+        failure.get_or_insert(e.into());
+    }
+    progress.finish_and_clear();
+    if !summary.interrupted {
+        // The reader has sent everything (the channel closed), so it is finishing; join it.
+        let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    }
+    summary.elapsed = started.elapsed();
+    if let Some(e) = failure {
+        error!(code = e.code().as_str(), "Run halted.");
+        return Err(e);
+    }
+    info!(
+        read = summary.read,
+        written = summary.written,
+        dead_lettered = summary.dead_lettered(),
+        elapsed_s = summary.elapsed.as_secs_f64(),
+        "File run finished."
+    );
+    Ok(summary)
+}
+
+async fn finish_oldest(
+    in_flight: &mut VecDeque<(Origin, Pending)>,
+    sink: &mut impl Sink,
+    summary: &mut Summary,
+) -> Result<(), SinkError> {
+    let Some((origin, pending)) = in_flight.pop_front() else { return Ok(()) };
+    let result = match pending {
+        Pending::Ready(r) => r,
+        Pending::Task(task) => task.await.unwrap_or_else(|join_error| {
+            error!(origin = %origin, panic = join_error.is_panic(), "A stage failed unexpectedly.");
+            Err(Rejected {
+                error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
+                doc_id: None,
+            })
+        }),
+    };
+    match result {
+        Ok(doc) => {
+            sink.document(&doc, &origin)?;
+            summary.written += 1;
+        }
+        Err(Rejected { error, doc_id }) => {
+            debug!(code = error.code.as_str(), stage = error.stage.as_str(), origin = %origin, "Event dead-lettered.");
+            *summary.dead_letters.entry(error.code).or_default() += 1;
+            sink.dead_letter(&DeadLetter { error, origin, doc_id })?;
+        }
+    }
+    Ok(())
+}
+
+fn progress_bar(enabled: bool, plan: &file::Plan) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !enabled || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(plan.total_bytes);
+    let template = if plan.stdin {
+        "{spinner} {bytes} read ({bytes_per_sec})"
+    } else {
+        "{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})"
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}

@@ -1,0 +1,372 @@
+//! Typed settings, layered: built-in defaults (`config/default.toml`, compiled in) → an optional config file →
+//! `CLINSTREAM__SECTION__KEY` environment variables.
+//!
+//! Unknown keys are rejected (every struct denies unknown fields), so a typo fails at startup with the key's name
+//! instead of being silently ignored. `Settings::validate` checks what types cannot (ranges, names, relations)
+//! and reports every problem at once, each as `key: why`. Secrets are redacted whenever settings are printed
+//! (`redacted_toml`), by key name, so passthrough maps (librdkafka properties) are covered too.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stages::attachment::SUPPORTED_CONTENT_TYPES;
+use crate::stages::sections::CANONICAL_SECTIONS;
+
+/// The built-in defaults, compiled into the binary.
+pub const DEFAULTS_TOML: &str = include_str!("../config/default.toml");
+
+/// Prefix of environment overrides: `CLINSTREAM__DECODE__MAX_ATTACHMENT_BYTES=1048576`.
+pub const ENV_PREFIX: &str = "CLINSTREAM";
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub input: InputSettings,
+    pub decode: DecodeSettings,
+    pub sections: SectionSettings,
+    pub sentences: SentenceSettings,
+    pub output: OutputSettings,
+    pub pipeline: PipelineSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InputSettings {
+    pub max_message_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeSettings {
+    pub max_attachment_bytes: usize,
+    pub content_type_preference: Vec<String>,
+    pub verify_hash: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SectionSettings {
+    pub default_weight: f32,
+    pub weights: BTreeMap<String, f32>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SentenceSettings {
+    pub max_sentence_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSettings {
+    pub include_text: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    pub workers: usize,
+    pub in_flight: usize,
+    pub source_channel: usize,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Auto,
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+/// Configuration could not be loaded or is invalid. The message names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("could not load configuration: {0}")]
+    Load(String),
+    #[error("invalid configuration:\n{}", .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<String>),
+}
+
+impl Settings {
+    /// Defaults → `file` → the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, None)
+    }
+
+    /// Like `load`, with an explicit environment map instead of the process's (for tests).
+    pub fn load_from(file: Option<&Path>, env: Option<BTreeMap<String, String>>) -> Result<Self, ConfigError> {
+        use config::{Config, Environment, File, FileFormat};
+        let mut builder = Config::builder().add_source(File::from_str(DEFAULTS_TOML, FileFormat::Toml));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::Load(format!("config file {} does not exist", path.display())));
+            }
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml).required(true));
+        }
+        let mut environment = Environment::with_prefix(ENV_PREFIX)
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("decode.content_type_preference");
+        if let Some(env) = env {
+            environment = environment.source(Some(env.into_iter().collect()));
+        }
+        let settings: Settings = builder
+            .add_source(environment)
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Load(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what the types cannot; reports every problem, each as `key: why`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        if self.input.max_message_bytes == 0 {
+            problems.push("input.max_message_bytes: must be greater than 0".to_string());
+        }
+        if self.decode.max_attachment_bytes == 0 {
+            problems.push("decode.max_attachment_bytes: must be greater than 0".to_string());
+        }
+        if self.decode.content_type_preference.is_empty() {
+            problems.push("decode.content_type_preference: must name at least one content type".to_string());
+        }
+        for (i, ct) in self.decode.content_type_preference.iter().enumerate() {
+            if !SUPPORTED_CONTENT_TYPES.contains(&ct.to_ascii_lowercase().as_str()) {
+                problems.push(format!(
+                    "decode.content_type_preference[{i}]: `{ct}` is not a supported content type (supported: {})",
+                    SUPPORTED_CONTENT_TYPES.join(", ")
+                ));
+            }
+        }
+        check_weight(&mut problems, "sections.default_weight", self.sections.default_weight);
+        for (name, weight) in &self.sections.weights {
+            if !CANONICAL_SECTIONS.contains(&name.as_str()) {
+                problems.push(format!(
+                    "sections.weights.{name}: unknown section name (known: {})",
+                    CANONICAL_SECTIONS.join(", ")
+                ));
+            }
+            check_weight(&mut problems, &format!("sections.weights.{name}"), *weight);
+        }
+        if self.sentences.max_sentence_bytes < 64 {
+            problems.push("sentences.max_sentence_bytes: must be at least 64".to_string());
+        }
+        if self.pipeline.in_flight == 0 {
+            problems.push("pipeline.in_flight: must be at least 1".to_string());
+        }
+        if self.pipeline.source_channel == 0 {
+            problems.push("pipeline.source_channel: must be at least 1".to_string());
+        }
+        if self.pipeline.workers > 1024 {
+            problems.push("pipeline.workers: must be at most 1024 (0 = one per core)".to_string());
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            problems.push(format!("log.level: not a valid filter ({e})"));
+        }
+        if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    /// The weight of a canonical section.
+    pub fn section_weight(&self, name: &str) -> f32 {
+        self.sections.weights.get(name).copied().unwrap_or(self.sections.default_weight)
+    }
+
+    /// The effective settings as TOML, with secrets redacted.
+    pub fn redacted_toml(&self) -> String {
+        let mut value = toml::Value::try_from(self).expect("settings always serialize to TOML");
+        redact(&mut value);
+        toml::to_string_pretty(&value).expect("a TOML value always prints")
+    }
+
+    /// Worker threads to use (resolving 0 = one per core).
+    pub fn worker_threads(&self) -> usize {
+        match self.pipeline.workers {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        }
+    }
+}
+
+fn check_weight(problems: &mut Vec<String>, key: &str, weight: f32) {
+    if !(0.0..=1.0).contains(&weight) || weight.is_nan() {
+        problems.push(format!("{key}: must be between 0.0 and 1.0"));
+    }
+}
+
+/// Key names whose values are secrets, wherever they appear (typed fields or passthrough maps).
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "token", "api_key", "apikey", "credential", "private_key", "key.pem", "sasl.jaas"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+pub const REDACTED: &str = "***redacted***";
+
+/// Replaces every value under a secret-looking key with `REDACTED`.
+pub fn redact(value: &mut toml::Value) {
+    match value {
+        toml::Value::Table(table) => {
+            for (k, v) in table.iter_mut() {
+                if is_secret_key(k) && !v.is_table() {
+                    *v = toml::Value::String(REDACTED.to_string());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// A secret string: its `Debug` and `Display` never show the value, and it serializes redacted.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// The value, for the one place that hands it to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+        Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let s = Settings::load_from(None, env(&[])).unwrap();
+        assert_eq!(s.decode.max_attachment_bytes, 4 * 1024 * 1024);
+        assert_eq!(s.section_weight("assessment_and_plan"), 1.0);
+        assert_eq!(s.section_weight("history_of_present_illness"), 0.9);
+        assert!(s.section_weight("family_history") < 0.9);
+    }
+
+    #[test]
+    fn env_overrides_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[decode]\nmax_attachment_bytes = 1000\n[sections.weights]\nplan = 0.5\n").unwrap();
+        let s = Settings::load_from(Some(&file), env(&[])).unwrap();
+        assert_eq!(s.decode.max_attachment_bytes, 1000);
+        assert_eq!(s.section_weight("plan"), 0.5);
+        assert_eq!(s.section_weight("assessment"), 1.0, "maps merge key by key");
+        let s = Settings::load_from(
+            Some(&file),
+            env(&[
+                ("CLINSTREAM__DECODE__MAX_ATTACHMENT_BYTES", "2000"),
+                ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/html,text/plain"),
+                ("CLINSTREAM__OUTPUT__INCLUDE_TEXT", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.decode.max_attachment_bytes, 2000);
+        assert_eq!(s.decode.content_type_preference, vec!["text/html", "text/plain"]);
+        assert!(s.output.include_text);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let err = Settings::load_from(None, env(&[("CLINSTREAM__DECODE__MAX_ATACHMENT_BYTES", "1")])).unwrap_err();
+        assert!(err.to_string().contains("max_atachment_bytes"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[nonsense]\nx = 1\n").unwrap();
+        let err = Settings::load_from(Some(&file), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("nonsense"), "{err}");
+    }
+
+    #[test]
+    fn validate_names_each_wrong_key() {
+        let err = Settings::load_from(
+            None,
+            env(&[
+                ("CLINSTREAM__SECTIONS__WEIGHTS__NOT_A_SECTION", "0.5"),
+                ("CLINSTREAM__SECTIONS__WEIGHTS__PLAN", "1.5"),
+                ("CLINSTREAM__PIPELINE__IN_FLIGHT", "0"),
+                ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "application/pdf"),
+            ]),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        for key in [
+            "sections.weights.not_a_section: unknown section name",
+            "sections.weights.plan: must be between",
+            "pipeline.in_flight",
+            "decode.content_type_preference[0]",
+        ] {
+            assert!(msg.contains(key), "missing {key} in {msg}");
+        }
+    }
+
+    #[test]
+    fn missing_config_file_is_an_error() {
+        let err = Settings::load_from(Some(Path::new("/nonexistent/clinstream.toml")), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("does not exist"));
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_printed_settings_and_debug() {
+        let mut v: toml::Value = toml::from_str(
+            "[kafka]\nbootstrap = \"b:9092\"\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.pem\" = \"PEM\"\n[qdrant]\napi_key = \"k\"\n",
+        )
+        .unwrap();
+        redact(&mut v);
+        let printed = toml::to_string(&v).unwrap();
+        assert!(!printed.contains("hunter2") && !printed.contains("PEM") && !printed.contains("\"k\""), "{printed}");
+        assert!(printed.contains("b:9092"));
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s:?} {s}"), format!("{REDACTED} {REDACTED}"));
+        assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{REDACTED}\""));
+        assert_eq!(s.expose(), "hunter2");
+    }
+
+    #[test]
+    fn printed_settings_round_trip() {
+        let s = Settings::load_from(None, env(&[])).unwrap();
+        let back: Settings = toml::from_str(&s.redacted_toml()).unwrap();
+        assert_eq!(back, s);
+    }
+}

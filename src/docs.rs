@@ -1,0 +1,25 @@
+//! Operator-facing tables generated from the code, so documentation cannot drift (a test compares them with
+//! the files in docs/).
+
+use crate::error::ErrorCode;
+
+/// The error codes with disposition and meaning; Markdown for docs/errors.md, or plain text.
+pub fn errors_table(markdown: bool) -> String {
+    let mut out = String::new();
+    if markdown {
+        out.push_str("| code | disposition | meaning |\n|---|---|---|\n");
+    }
+    for code in ErrorCode::ALL {
+        let disposition = match code.disposition() {
+            crate::error::Disposition::DeadLetter => "dead_letter",
+            crate::error::Disposition::Retry => "retry",
+            crate::error::Disposition::Halt => "halt",
+        };
+        if markdown {
+            out.push_str(&format!("| `{}` | {} | {} |\n", code.as_str(), disposition, code.description().replace('|', "\\|")));
+        } else {
+            out.push_str(&format!("{:<26} {:<12} {}\n", code.as_str(), disposition, code.description()));
+        }
+    }
+    out
+}

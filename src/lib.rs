@@ -1,0 +1,23 @@
+//! clinstream: a worker that turns a stream of clinical notes (FHIR R4 `DocumentReference`) into structured,
+//! searchable data. See docs/architecture.md for the data flow.
+//!
+//! Module map:
+//! * `app` — wiring: source → stages → sinks, backpressure, shutdown, the run summary.
+//! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
+//! * `error` — every error code with its disposition (dead-letter / retry / halt).
+//! * `model` — the FHIR subset (serde) and internal types (`Note`, `Section`, `Sentence`, `Document`).
+//! * `stages` — pure synchronous stages: decode, attachment, html, rtf, sections, sentences.
+//! * `source` — event sources (`file`: NDJSON, Bundles, Bulk FHIR, stdin).
+//! * `sink` — outputs (`file`: notes.ndjson, dead_letters.ndjson) and their record types.
+//! * `telemetry` — logging (PHI-free, structured).
+//! * `docs` — tables generated from the code for docs/.
+
+pub mod app;
+pub mod config;
+pub mod docs;
+pub mod error;
+pub mod model;
+pub mod sink;
+pub mod source;
+pub mod stages;
+pub mod telemetry;

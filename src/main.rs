@@ -1,0 +1,134 @@
+//! The `clinstream` command line: `run`, `config print`, `errors`. Startup errors are reported with context
+//! (this is the only place that uses `anyhow`); exit statuses are documented in docs/errors.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use clinstream::app::{self, RunOptions};
+use clinstream::config::Settings;
+use clinstream::source::file::Input;
+
+/// Exit status when the run finished but dead-lettered at least one event.
+const EXIT_DEAD_LETTERS: u8 = 3;
+
+#[derive(Parser)]
+#[command(name = "clinstream", version, about = "Clinical notes (FHIR DocumentReference) to structured data")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Process DocumentReference events from files, directories or stdin into DIR.
+    Run {
+        /// Configuration file (TOML), layered over the built-in defaults; CLINSTREAM__* env vars override it.
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        /// NDJSON / Bundle / Bulk-FHIR file, a directory, or `-` for stdin. Repeatable.
+        #[arg(long, short, required = true, num_args = 1..)]
+        input: Vec<String>,
+        /// Output directory (notes.ndjson, dead_letters.ndjson).
+        #[arg(long, short, default_value = "out")]
+        out: PathBuf,
+        /// Write note text into the outputs (off by default: outputs hold offsets, not PHI).
+        #[arg(long)]
+        include_text: bool,
+        /// Do not draw a progress bar.
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Inspect the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// List the error codes with their dispositions.
+    Errors {
+        /// Print as a Markdown table (docs/errors.md).
+        #[arg(long)]
+        markdown: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration (defaults ← file ← environment), secrets redacted.
+    Print {
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match real_main(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run { config, input, out, include_text, no_progress } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            clinstream::telemetry::init_logging(&settings.log)
+                .map_err(anyhow::Error::msg)
+                .context("setting up logging")?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .max_blocking_threads(settings.worker_threads() + 1)
+                .thread_name("clinstream")
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let opts = RunOptions {
+                inputs: input.iter().map(|i| Input::parse(i)).collect(),
+                out_dir: out,
+                include_text,
+                progress: !no_progress,
+            };
+            let summary = runtime
+                .block_on(app::run_files(&settings, opts, shutdown_signal()))
+                .context("the run halted")?;
+            print!("{summary}");
+            Ok(if summary.dead_lettered() > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
+        }
+        Command::Config { command: ConfigCommand::Print { config } } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            print!("{}", settings.redacted_toml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Errors { markdown } => {
+            print!("{}", clinstream::docs::errors_table(markdown));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+

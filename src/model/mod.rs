@@ -1,0 +1,102 @@
+//! Internal types that flow between stages: a decoded `Note`, its `Section`s and `Sentence`s.
+//!
+//! Offsets (`start`, `end`) are UTF-8 byte offsets into `Note::text`, half-open, and always on `char`
+//! boundaries, so `&note.text[s.start..s.end]` is the span's text.
+
+pub mod fhir;
+
+use serde::Serialize;
+
+pub use fhir::{CodeableConcept, Coding, Period};
+
+/// A clinical note decoded from a DocumentReference: metadata plus the plain text the stages read.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Note {
+    pub doc_id: String,
+    /// `meta.versionId` when present.
+    pub version: Option<String>,
+    pub last_updated: Option<String>,
+    pub status: Option<String>,
+    pub doc_status: Option<String>,
+    /// `subject.reference`, e.g. `Patient/123`.
+    pub patient: Option<String>,
+    /// First `context.encounter[].reference`.
+    pub encounter: Option<String>,
+    pub period: Option<Period>,
+    pub date: Option<String>,
+    #[serde(rename = "type")]
+    pub doc_type: Option<CodeableConcept>,
+    pub category: Vec<CodeableConcept>,
+    /// `author[].reference` values.
+    pub authors: Vec<String>,
+    /// `relatesTo` entries as (code, target reference).
+    pub relates_to: Vec<RelatesTo>,
+    /// True when `status = entered-in-error`; later stages retract the document's outputs.
+    pub entered_in_error: bool,
+    pub attachment: AttachmentInfo,
+    #[serde(skip)]
+    pub text: String,
+}
+
+impl Note {
+    /// References of documents this one replaces (`relatesTo.code = replaces`).
+    pub fn replaces(&self) -> impl Iterator<Item = &str> {
+        self.relates_to.iter().filter(|r| r.code == "replaces").map(|r| r.target.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RelatesTo {
+    pub code: String,
+    pub target: String,
+}
+
+/// Which attachment was read and how it was decoded.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AttachmentInfo {
+    /// Index into `content[]`.
+    pub index: usize,
+    /// The media type without parameters, lower-cased (`text/plain`).
+    pub content_type: String,
+    /// The charset actually used to decode (`utf-8`, `utf-16le`, `windows-1252`, ...).
+    pub charset: String,
+    pub language: Option<String>,
+    pub title: Option<String>,
+    /// Decoded attachment size in bytes (before markup removal).
+    pub bytes: usize,
+    /// Whether `hash` was present and verified.
+    pub hash_verified: bool,
+}
+
+/// A section of a note: a canonical name from the synonym table, the title as written, and its span.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Section {
+    /// Canonical name (`history_of_present_illness`, `assessment_and_plan`, `body`, `other`, ...).
+    pub name: &'static str,
+    /// The header as written (without the trailing colon), empty for the implicit `body` section.
+    pub title: String,
+    /// Span of the whole section, header included.
+    pub start: usize,
+    pub end: usize,
+    /// Where the section's body starts (after the header and its colon).
+    pub body_start: usize,
+    /// Priority weight from `sections.weights`.
+    pub weight: f32,
+}
+
+/// A sentence span inside one section.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Sentence {
+    pub start: usize,
+    pub end: usize,
+    /// Index into the note's sections.
+    pub section: usize,
+}
+
+/// Everything the stages derived from one event, ready for the sinks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Document {
+    pub note: Note,
+    pub sections: Vec<Section>,
+    pub sentences: Vec<Sentence>,
+}

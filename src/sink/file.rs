@@ -1,0 +1,67 @@
+//! The file sink: `DIR/notes.ndjson` (one record per document) and `DIR/dead_letters.ndjson` (one record per
+//! rejected event), both truncated at the start of a run. Records arrive in input order. Durable once `flush`
+//! returns (buffers written and files synced).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use super::records::{DeadLetterRecord, NoteRecord};
+use super::{DeadLetter, Sink, SinkError};
+use crate::model::Document;
+use crate::source::Origin;
+
+pub const NOTES_FILE: &str = "notes.ndjson";
+pub const DEAD_LETTERS_FILE: &str = "dead_letters.ndjson";
+
+pub struct FileSink {
+    dir: PathBuf,
+    notes: BufWriter<File>,
+    dead_letters: BufWriter<File>,
+    include_text: bool,
+}
+
+impl FileSink {
+    pub fn create(dir: &Path, include_text: bool) -> Result<Self, SinkError> {
+        let err = |what: &Path| {
+            let what = what.display().to_string();
+            move |source| SinkError { what, source }
+        };
+        std::fs::create_dir_all(dir).map_err(err(dir))?;
+        let open = |name: &str| {
+            let path = dir.join(name);
+            File::create(&path).map(|f| BufWriter::with_capacity(256 * 1024, f)).map_err(err(&path))
+        };
+        Ok(Self { dir: dir.to_path_buf(), notes: open(NOTES_FILE)?, dead_letters: open(DEAD_LETTERS_FILE)?, include_text })
+    }
+
+    pub fn paths(&self) -> [PathBuf; 2] {
+        [self.dir.join(NOTES_FILE), self.dir.join(DEAD_LETTERS_FILE)]
+    }
+
+    fn write_line(out: &mut BufWriter<File>, what: &str, value: &impl serde::Serialize) -> Result<(), SinkError> {
+        serde_json::to_writer(&mut *out, value)
+            .map_err(std::io::Error::from)
+            .and_then(|_| out.write_all(b"\n"))
+            .map_err(|source| SinkError { what: what.to_string(), source })
+    }
+}
+
+impl Sink for FileSink {
+    fn document(&mut self, doc: &Document, origin: &Origin) -> Result<(), SinkError> {
+        Self::write_line(&mut self.notes, NOTES_FILE, &NoteRecord::new(doc, origin, self.include_text))
+    }
+
+    fn dead_letter(&mut self, letter: &DeadLetter) -> Result<(), SinkError> {
+        Self::write_line(&mut self.dead_letters, DEAD_LETTERS_FILE, &DeadLetterRecord::new(letter))
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        for (out, what) in [(&mut self.notes, NOTES_FILE), (&mut self.dead_letters, DEAD_LETTERS_FILE)] {
+            out.flush()
+                .and_then(|_| out.get_ref().sync_data())
+                .map_err(|source| SinkError { what: what.to_string(), source })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,237 @@
+//! Event bytes → `Note`: JSON, FHIR R4 DocumentReference rules, attachment choice and decoding.
+//!
+//! In: the raw bytes of one event (one DocumentReference as JSON). Out: a `Note` with its plain text, or a
+//! `DocError` with a dead-letter code. Pure and synchronous; never panics on any input (fuzzed).
+//!
+//! Rules, in order: size limit → JSON → top-level object → `resourceType` → FHIR shape → `id` → `status` →
+//! attachment choice (by `decode.content_type_preference`) → base64 → size/hash → charset → markup → non-empty.
+
+use serde::de::IgnoredAny;
+
+use crate::config::Settings;
+use crate::error::{DocError, ErrorCode};
+use crate::model::fhir::{Attachment, DocumentReference, Probe};
+use crate::model::{AttachmentInfo, Note, RelatesTo};
+use crate::stages::attachment::{self, MediaType};
+
+/// The FHIR statuses a DocumentReference may have.
+const STATUSES: &[&str] = &["current", "superseded", "entered-in-error"];
+
+/// Limits and preferences for decoding, taken from `Settings` once.
+#[derive(Debug, Clone)]
+pub struct DecodeParams {
+    pub max_message_bytes: usize,
+    pub max_attachment_bytes: usize,
+    pub content_type_preference: Vec<String>,
+    pub verify_hash: bool,
+}
+
+impl DecodeParams {
+    pub fn from_settings(s: &Settings) -> Self {
+        Self {
+            max_message_bytes: s.input.max_message_bytes,
+            max_attachment_bytes: s.decode.max_attachment_bytes,
+            content_type_preference: s.decode.content_type_preference.iter().map(|c| c.to_ascii_lowercase()).collect(),
+            verify_hash: s.decode.verify_hash,
+        }
+    }
+}
+
+/// Parses and checks one event. `Err` carries the code and a PHI-free detail.
+pub fn decode(bytes: &[u8], p: &DecodeParams) -> Result<Note, DocError> {
+    let doc = parse(bytes, p)?;
+    note_from(doc, p)
+}
+
+/// JSON → DocumentReference, with a code for each way the JSON can be wrong.
+pub fn parse(bytes: &[u8], p: &DecodeParams) -> Result<DocumentReference, DocError> {
+    if bytes.len() > p.max_message_bytes {
+        return Err(DocError::decode(
+            ErrorCode::MessageTooLarge,
+            format!("event is {} bytes; the limit is {}", bytes.len(), p.max_message_bytes),
+        ));
+    }
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(match serde_json::from_slice::<IgnoredAny>(bytes) {
+            Ok(_) => DocError::decode(ErrorCode::NotAnObject, "the event is JSON but not an object"),
+            Err(e) => json_error(&e),
+        });
+    }
+    let probe: Probe<'_> = serde_json::from_slice(bytes).map_err(|e| json_error(&e))?;
+    match probe.resource_type.as_deref() {
+        None => return Err(DocError::decode(ErrorCode::MissingResourceType, "the object has no resourceType")),
+        Some("DocumentReference") => {}
+        Some(_) => {
+            return Err(DocError::decode(ErrorCode::WrongResourceType, "resourceType is not DocumentReference"));
+        }
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize::<_, DocumentReference>(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let msg = inner.to_string();
+        if msg.starts_with("duplicate field") {
+            DocError::decode(ErrorCode::DuplicateKey, format!("{path}: duplicate key"))
+        } else if inner.is_syntax() || inner.is_eof() {
+            json_error(&inner)
+        } else {
+            // serde's "invalid type: <the value>, expected <what>" names the value; keep only what was expected.
+            let expected = msg.split_once(", expected ").map(|(_, e)| e).unwrap_or("another shape");
+            let expected = expected.split(" at line ").next().unwrap_or(expected);
+            DocError::decode(ErrorCode::InvalidFhir, format!("{path}: wrong type or shape, expected {expected}"))
+        }
+    })
+}
+
+/// Maps a serde_json error to a code with its position, without the input text.
+fn json_error(e: &serde_json::Error) -> DocError {
+    let at = format!("line {} column {}", e.line(), e.column());
+    let msg = e.to_string();
+    if msg.starts_with("recursion limit exceeded") {
+        DocError::decode(ErrorCode::JsonTooDeep, format!("JSON nests too deep at {at}"))
+    } else if msg.starts_with("duplicate field") {
+        DocError::decode(ErrorCode::DuplicateKey, format!("duplicate key at {at}"))
+    } else if e.is_eof() {
+        DocError::decode(ErrorCode::InvalidJson, format!("JSON ends early at {at}"))
+    } else {
+        DocError::decode(ErrorCode::InvalidJson, format!("invalid JSON at {at}"))
+    }
+}
+
+/// FHIR `id`: 1–64 of `[A-Za-z0-9-.]`.
+pub fn is_valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
+/// Applies the DocumentReference rules and decodes the chosen attachment.
+pub fn note_from(doc: DocumentReference, p: &DecodeParams) -> Result<Note, DocError> {
+    let doc_id = doc.id.ok_or_else(|| DocError::decode(ErrorCode::MissingId, "DocumentReference has no id"))?;
+    if !is_valid_id(&doc_id) {
+        return Err(DocError::decode(ErrorCode::InvalidId, "id does not match [A-Za-z0-9-.]{1,64}"));
+    }
+    if let Some(status) = doc.status.as_deref() {
+        if !STATUSES.contains(&status) {
+            return Err(DocError::decode(
+                ErrorCode::InvalidStatus,
+                "status is not one of current, superseded, entered-in-error",
+            ));
+        }
+    }
+    let (index, att) = choose_attachment(&doc.content, p)?;
+    let media = MediaType::parse(att.content_type.as_deref().unwrap_or(""));
+    let data = att.data.as_deref().unwrap_or("");
+    let bytes = attachment::decode_base64(data, p.max_attachment_bytes)?;
+    if bytes.is_empty() {
+        return Err(DocError::decode(ErrorCode::EmptyAttachment, format!("content[{index}].attachment.data is empty")));
+    }
+    let hash_verified = attachment::verify(&bytes, att.size, att.hash.as_deref(), p.verify_hash)?;
+    let (text, charset) = attachment::to_text(&media, &bytes)?;
+
+    let entered_in_error = doc.status.as_deref() == Some("entered-in-error");
+    let (version, last_updated) = match doc.meta {
+        Some(m) => (m.version_id, m.last_updated),
+        None => (None, None),
+    };
+    let (encounter, period) = match doc.context {
+        Some(c) => (c.encounter.into_iter().find_map(|r| r.reference), c.period),
+        None => (None, None),
+    };
+    Ok(Note {
+        doc_id,
+        version,
+        last_updated,
+        status: doc.status,
+        doc_status: doc.doc_status,
+        patient: doc.subject.and_then(|s| s.reference),
+        encounter,
+        period,
+        date: doc.date,
+        doc_type: doc.type_,
+        category: doc.category,
+        authors: doc.author.into_iter().filter_map(|a| a.reference).collect(),
+        relates_to: doc
+            .relates_to
+            .into_iter()
+            .filter_map(|r| Some(RelatesTo { code: r.code?, target: r.target?.reference? }))
+            .collect(),
+        entered_in_error,
+        attachment: AttachmentInfo {
+            index,
+            content_type: media.essence,
+            charset: charset.to_string(),
+            language: att.language.clone(),
+            title: att.title.clone(),
+            bytes: bytes.len(),
+            hash_verified,
+        },
+        text,
+    })
+}
+
+/// Picks the attachment to read: the first preferred content type that has inline data. When none qualifies,
+/// says why, most specific reason first.
+fn choose_attachment<'a>(
+    content: &'a [crate::model::fhir::Content],
+    p: &DecodeParams,
+) -> Result<(usize, &'a Attachment), DocError> {
+    let attachments: Vec<(usize, &Attachment)> =
+        content.iter().enumerate().filter_map(|(i, c)| c.attachment.as_ref().map(|a| (i, a))).collect();
+    if attachments.is_empty() {
+        return Err(DocError::decode(ErrorCode::NoContent, "content is missing or holds no attachment"));
+    }
+    let has_data = |a: &Attachment| a.data.as_deref().is_some_and(|d| !d.trim().is_empty());
+    for preferred in &p.content_type_preference {
+        if let Some(found) = attachments.iter().find(|(_, a)| {
+            has_data(a) && a.content_type.as_deref().is_some_and(|ct| MediaType::parse(ct).essence == *preferred)
+        }) {
+            return Ok(*found);
+        }
+    }
+    if attachments.iter().any(|(_, a)| has_data(a) && a.content_type.is_none()) {
+        return Err(DocError::decode(ErrorCode::MissingContentType, "an attachment has data but no contentType"));
+    }
+    if attachments.iter().any(|(_, a)| !has_data(a) && a.url.is_some()) {
+        return Err(DocError::decode(
+            ErrorCode::AttachmentByReference,
+            "the note is only available by attachment.url; fetching is not supported",
+        ));
+    }
+    if attachments.iter().any(|(_, a)| has_data(a)) {
+        return Err(DocError::decode(
+            ErrorCode::UnsupportedContentType,
+            format!("no attachment has a readable content type (reads: {})", p.content_type_preference.join(", ")),
+        ));
+    }
+    Err(DocError::decode(ErrorCode::EmptyAttachment, "no attachment has data or a url"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> DecodeParams {
+        DecodeParams::from_settings(&Settings::load_from(None, Some(Default::default())).unwrap())
+    }
+
+    #[test]
+    fn type_errors_name_the_path_but_not_the_value() {
+        let json = br#"{"resourceType":"DocumentReference","id":"a","content":[{"attachment":{"size":"SECRET-VALUE"}}]}"#;
+        let e = decode(json, &params()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidFhir);
+        assert!(e.detail.contains("content[0].attachment.size"), "{}", e.detail);
+        assert!(!e.detail.contains("SECRET"), "{}", e.detail);
+        let json = br#"{"resourceType":"DocumentReference","id":"a","status":{"x":"John Doe"},"content":[]}"#;
+        let e = decode(json, &params()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidFhir);
+        assert!(!e.detail.contains("John"), "{}", e.detail);
+    }
+
+    #[test]
+    fn ids() {
+        assert!(is_valid_id("abc-1.2"));
+        assert!(!is_valid_id(""));
+        assert!(!is_valid_id("a b"));
+        assert!(!is_valid_id(&"a".repeat(65)));
+    }
+}
