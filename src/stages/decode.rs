@@ -51,6 +51,8 @@ pub fn parse(bytes: &[u8], p: &DecodeParams) -> Result<DocumentReference, DocErr
             format!("event is {} bytes; the limit is {}", bytes.len(), p.max_message_bytes),
         ));
     }
+    // RFC 8259 lets a parser ignore a UTF-8 byte-order mark; some exporters write one.
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         return Err(match serde_json::from_slice::<IgnoredAny>(bytes) {
@@ -58,7 +60,13 @@ pub fn parse(bytes: &[u8], p: &DecodeParams) -> Result<DocumentReference, DocErr
             Err(e) => json_error(&e),
         });
     }
-    let probe: Probe<'_> = serde_json::from_slice(bytes).map_err(|e| json_error(&e))?;
+    let probe: Probe<'_> = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_data() && !e.to_string().starts_with("duplicate field") {
+            DocError::decode(ErrorCode::InvalidFhir, "resourceType: wrong type, expected a string")
+        } else {
+            json_error(&e)
+        }
+    })?;
     match probe.resource_type.as_deref() {
         None => return Err(DocError::decode(ErrorCode::MissingResourceType, "the object has no resourceType")),
         Some("DocumentReference") => {}

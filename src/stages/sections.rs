@@ -95,8 +95,17 @@ pub fn canonical_for(title: &str) -> Option<&'static str> {
     lookup(title).map(|e| e.canonical)
 }
 
+/// Exact match after normalisation; otherwise the longest known title of two or more words that the title
+/// starts with (`HOSPITAL COURSE AND TREATMENT` → hospital_course). Sub-headings match exactly only.
 fn lookup(title: &str) -> Option<Entry> {
-    table().get(&normalise(title)).copied()
+    let normalised = normalise(title);
+    if let Some(e) = table().get(&normalised) {
+        return Some(*e);
+    }
+    let words: Vec<&str> = normalised.split(' ').collect();
+    (2..words.len().min(MAX_UNKNOWN_WORDS + 1))
+        .rev()
+        .find_map(|n| table().get(&words[..n].join(" ")).filter(|e| !e.sub).copied())
 }
 
 fn normalise(title: &str) -> String {
@@ -310,10 +319,8 @@ fn colon_header(text: &str, at: usize, line_end: usize, line_start: bool) -> Opt
     } else if !line_start && !starts_upper(title) {
         return None;
     }
-    let mut body_start = colon + 1;
-    while body_start < line_end && matches!(bytes[body_start], b' ' | b'\t' | b',') {
-        body_start += 1;
-    }
+    let after = &text[colon + 1..line_end];
+    let mut body_start = colon + 1 + (after.len() - after.trim_start_matches(|c: char| c.is_whitespace() || c == ',').len());
     if body_start == line_end {
         // The body starts on the next line.
         body_start = (line_end + 1).min(text.len());
@@ -449,6 +456,12 @@ mod tests {
         ] {
             assert_eq!(names(text), vec![("body", String::new())], "{text}");
         }
+    }
+
+    #[test]
+    fn known_prefix_of_a_longer_title() {
+        assert_eq!(names("HOSPITAL COURSE AND TREATMENT: Uneventful.")[0].0, "hospital_course");
+        assert_eq!(names("PAST MEDICAL HISTORY REVIEWED: None.")[0].0, "past_medical_history");
     }
 
     #[test]

@@ -1,0 +1,174 @@
+//! Shared helpers for integration tests: settings, event builders and the malformed-event corpus.
+#![allow(dead_code)]
+
+use base64::Engine as _;
+use clinstream::config::Settings;
+use clinstream::error::ErrorCode;
+use serde_json::{Value, json};
+use sha1::Digest as _;
+
+/// A string planted in inputs; it must never appear in errors, dead letters or logs.
+pub const CANARY: &str = "CANARY-Jane-Roe-MRN-0042";
+
+pub fn settings() -> Settings {
+    Settings::load_from(None, Some(Default::default())).expect("defaults load")
+}
+
+pub fn settings_with(env: &[(&str, &str)]) -> Settings {
+    Settings::load_from(None, Some(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())).unwrap()
+}
+
+pub fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+pub fn sha1_b64(bytes: &[u8]) -> String {
+    b64(&sha1::Sha1::digest(bytes))
+}
+
+/// A DocumentReference with the given id and attachments.
+pub fn doc_with(id: &str, attachments: Vec<Value>) -> Value {
+    json!({
+        "resourceType": "DocumentReference",
+        "id": id,
+        "status": "current",
+        "subject": {"reference": "Patient/p1", "display": CANARY},
+        "content": attachments.into_iter().map(|a| json!({"attachment": a})).collect::<Vec<_>>(),
+    })
+}
+
+/// A valid text/plain DocumentReference holding `text`.
+pub fn valid_doc(id: &str, text: &str) -> Value {
+    doc_with(id, vec![json!({"contentType": "text/plain; charset=utf-8", "data": b64(text.as_bytes())})])
+}
+
+pub fn bytes(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap()
+}
+
+fn att(content_type: &str, data: &[u8]) -> Value {
+    json!({"contentType": content_type, "data": b64(data)})
+}
+
+fn with(mut v: Value, key: &str, value: Value) -> Value {
+    v[key] = value;
+    v
+}
+
+fn without(mut v: Value, key: &str) -> Value {
+    v.as_object_mut().unwrap().remove(key);
+    v
+}
+
+/// One malformed event and the code it must be dead-lettered with.
+pub struct Case {
+    pub name: &'static str,
+    pub bytes: Vec<u8>,
+    pub code: ErrorCode,
+}
+
+/// The malformed-event corpus: one entry per kind of bad input (49 kinds).
+pub fn malformed_corpus() -> Vec<Case> {
+    use ErrorCode::*;
+    let note = format!("HISTORY: {CANARY} has chest pain.");
+    let good = valid_doc("doc-1", &note);
+    let d = |a: Value| bytes(&doc_with("doc-1", vec![a]));
+    let raw = |s: &str| s.as_bytes().to_vec();
+    // Depth only matters where the worker reads: serde_json skips unknown fields without recursing.
+    let deep = format!(
+        r#"{{"resourceType":"DocumentReference","id":"a","content":[{{"attachment":{{"size":{}{}}}}}]}}"#,
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let mut cases = vec![
+        Case { name: "truncated JSON", bytes: raw(r#"{"resourceType":"DocumentReference","id":"#), code: InvalidJson },
+        Case { name: "empty event", bytes: vec![], code: InvalidJson },
+        Case { name: "binary garbage", bytes: vec![0xff, 0xfe, 0x00, 0x01, 0x80], code: InvalidJson },
+        Case { name: "trailing garbage", bytes: raw(r#"{"resourceType":"DocumentReference"} x"#), code: InvalidJson },
+        Case { name: "bad escape", bytes: raw(r#"{"resourceType":"DocumentReference","id":"a\x"}"#), code: InvalidJson },
+        Case { name: "lone surrogate", bytes: raw(r#"{"resourceType":"DocumentReference","id":"\ud800"}"#), code: InvalidJson },
+        Case { name: "single quotes", bytes: raw(r#"{'resourceType':'DocumentReference'}"#), code: InvalidJson },
+        Case { name: "JSON array", bytes: raw(r#"[{"resourceType":"DocumentReference"}]"#), code: NotAnObject },
+        Case { name: "JSON string", bytes: raw(&format!("\"{CANARY}\"")), code: NotAnObject },
+        Case { name: "JSON number", bytes: raw("42"), code: NotAnObject },
+        Case { name: "JSON null", bytes: raw("null"), code: NotAnObject },
+        Case { name: "deeply nested JSON", bytes: deep.into_bytes(), code: JsonTooDeep },
+        Case {
+            name: "duplicate id key",
+            bytes: raw(r#"{"resourceType":"DocumentReference","id":"a","id":"b","content":[]}"#),
+            code: DuplicateKey,
+        },
+        Case {
+            name: "duplicate resourceType key",
+            bytes: raw(r#"{"resourceType":"DocumentReference","resourceType":"Patient"}"#),
+            code: DuplicateKey,
+        },
+        Case { name: "missing resourceType", bytes: bytes(&without(good.clone(), "resourceType")), code: MissingResourceType },
+        Case { name: "wrong resourceType", bytes: bytes(&with(good.clone(), "resourceType", json!("Patient"))), code: WrongResourceType },
+        Case {
+            name: "resourceType in wrong case",
+            bytes: bytes(&with(good.clone(), "resourceType", json!("documentreference"))),
+            code: WrongResourceType,
+        },
+        Case { name: "resourceType not a string", bytes: bytes(&with(good.clone(), "resourceType", json!(7))), code: InvalidFhir },
+        Case { name: "missing id", bytes: bytes(&without(good.clone(), "id")), code: MissingId },
+        Case { name: "id with spaces", bytes: bytes(&with(good.clone(), "id", json!(CANARY.replace('-', " ")))), code: InvalidId },
+        Case { name: "huge id string", bytes: bytes(&with(good.clone(), "id", json!("x".repeat(200_000)))), code: InvalidId },
+        Case { name: "empty id", bytes: bytes(&with(good.clone(), "id", json!(""))), code: InvalidId },
+        Case { name: "id not a string", bytes: bytes(&with(good.clone(), "id", json!(12345))), code: InvalidFhir },
+        Case { name: "unknown status", bytes: bytes(&with(good.clone(), "status", json!("final"))), code: InvalidStatus },
+        Case { name: "status not a string", bytes: bytes(&with(good.clone(), "status", json!({"x": CANARY}))), code: InvalidFhir },
+        Case { name: "subject not an object", bytes: bytes(&with(good.clone(), "subject", json!(CANARY))), code: InvalidFhir },
+        Case { name: "missing content", bytes: bytes(&without(good.clone(), "content")), code: NoContent },
+        Case { name: "empty content", bytes: bytes(&with(good.clone(), "content", json!([]))), code: NoContent },
+        Case { name: "content not an array", bytes: bytes(&with(good.clone(), "content", json!({"attachment": {}}))), code: InvalidFhir },
+        Case { name: "content without attachment", bytes: bytes(&with(good.clone(), "content", json!([{}]))), code: NoContent },
+        Case { name: "attachment not an object", bytes: bytes(&with(good.clone(), "content", json!([{"attachment": CANARY}]))), code: InvalidFhir },
+        Case { name: "attachment without data or url", bytes: d(json!({"contentType": "text/plain"})), code: EmptyAttachment },
+        Case { name: "empty data", bytes: d(json!({"contentType": "text/plain", "data": ""})), code: EmptyAttachment },
+        Case { name: "url only", bytes: d(json!({"contentType": "text/plain", "url": "Binary/1"})), code: AttachmentByReference },
+        Case { name: "PDF", bytes: d(att("application/pdf", b"%PDF-1.4 CANARY")), code: UnsupportedContentType },
+        Case { name: "PNG image", bytes: d(att("image/png", b"\x89PNG\r\n\x1a\n")), code: UnsupportedContentType },
+        Case { name: "data without contentType", bytes: d(json!({"data": b64(note.as_bytes())})), code: MissingContentType },
+        Case { name: "invalid base64 symbols", bytes: d(json!({"contentType": "text/plain", "data": "!!!!"})), code: InvalidBase64 },
+        Case { name: "url-safe base64 alphabet", bytes: d(json!({"contentType": "text/plain", "data": "a-_b"})), code: InvalidBase64 },
+        Case { name: "base64 bad length", bytes: d(json!({"contentType": "text/plain", "data": "abcde"})), code: InvalidBase64 },
+        Case {
+            name: "wrong size",
+            bytes: d(json!({"contentType": "text/plain", "data": b64(note.as_bytes()), "size": 3})),
+            code: SizeMismatch,
+        },
+        Case {
+            name: "negative size",
+            bytes: d(json!({"contentType": "text/plain", "data": b64(note.as_bytes()), "size": -1})),
+            code: InvalidFhir,
+        },
+        Case {
+            name: "size not a number",
+            bytes: d(json!({"contentType": "text/plain", "data": b64(note.as_bytes()), "size": CANARY})),
+            code: InvalidFhir,
+        },
+        Case {
+            name: "wrong hash",
+            bytes: d(json!({"contentType": "text/plain", "data": b64(note.as_bytes()), "hash": sha1_b64(b"other")})),
+            code: HashMismatch,
+        },
+        Case {
+            name: "hash not base64 SHA-1",
+            bytes: d(json!({"contentType": "text/plain", "data": b64(note.as_bytes()), "hash": "not-a-hash"})),
+            code: InvalidHash,
+        },
+        Case { name: "oversized attachment", bytes: d(att("text/plain", &vec![b'a'; 5 * 1024 * 1024])), code: AttachmentTooLarge },
+        Case { name: "unknown charset", bytes: d(att("text/plain; charset=koi8-r", note.as_bytes())), code: UnsupportedCharset },
+        Case { name: "invalid UTF-8", bytes: d(att("text/plain; charset=utf-8", b"caf\xe9 CANARY")), code: InvalidUtf8 },
+        Case { name: "UTF-16 without BOM", bytes: d(att("text/plain; charset=utf-16", b"a\0b\0")), code: InvalidUtf16 },
+        Case { name: "UTF-16 odd length", bytes: d(att("text/plain", b"\xff\xfea\0b")), code: InvalidUtf16 },
+        Case { name: "NUL bytes in text", bytes: d(att("text/plain", b"CANARY\0\0\0binary")), code: BinaryContent },
+        Case { name: "whitespace-only text", bytes: d(att("text/plain", b" \n\t \r\n")), code: EmptyNote },
+        Case { name: "markup-only HTML", bytes: d(att("text/html", b"<html><head><title>CANARY</title></head><body><br/></body></html>")), code: EmptyNote },
+        Case { name: "RTF without header", bytes: d(att("text/rtf", b"CANARY plain text")), code: InvalidRtf },
+        Case { name: "unbalanced RTF", bytes: d(att("text/rtf", br"{\rtf1 CANARY}}")), code: InvalidRtf },
+    ];
+    cases.sort_by_key(|c| c.name);
+    cases
+}
