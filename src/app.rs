@@ -115,10 +115,10 @@ impl fmt::Display for Summary {
     }
 }
 
-/// An event's processing: still running on the pool, or decided without it.
+/// An event's processing: still running on the pool, or rejected without it (oversized).
 enum Pending {
     Task(JoinHandle<Result<Document, Rejected>>),
-    Ready(Result<Document, Rejected>),
+    Rejected(Rejected),
 }
 
 /// Runs the file source through the stages into the file sink.
@@ -185,7 +185,7 @@ pub async fn run_files(
                     Stage::Source,
                     format!("event is {bytes} bytes; the limit is {}", settings.input.max_message_bytes),
                 );
-                in_flight.push_back((origin, Pending::Ready(Err(Rejected { error, doc_id: None }))));
+                in_flight.push_back((origin, Pending::Rejected(Rejected { error, doc_id: None })));
             }
             Some(Ok(SourceEvent::Progress(bytes))) => {
                 summary.bytes = bytes;
@@ -236,7 +236,7 @@ async fn finish_oldest(
 ) -> Result<(), SinkError> {
     let Some((origin, pending)) = in_flight.pop_front() else { return Ok(()) };
     let result = match pending {
-        Pending::Ready(r) => r,
+        Pending::Rejected(r) => Err(r),
         Pending::Task(task) => task.await.unwrap_or_else(|join_error| {
             error!(origin = %origin, panic = join_error.is_panic(), "A stage failed unexpectedly.");
             Err(Rejected {

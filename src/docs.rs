@@ -16,7 +16,12 @@ pub fn errors_table(markdown: bool) -> String {
             crate::error::Disposition::Halt => "halt",
         };
         if markdown {
-            out.push_str(&format!("| `{}` | {} | {} |\n", code.as_str(), disposition, code.description().replace('|', "\\|")));
+            out.push_str(&format!(
+                "| `{}` | {} | {} |\n",
+                code.as_str(),
+                disposition,
+                code.description().replace('|', "\\|")
+            ));
         } else {
             out.push_str(&format!("{:<26} {:<12} {}\n", code.as_str(), disposition, code.description()));
         }

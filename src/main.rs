@@ -93,9 +93,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 include_text,
                 progress: !no_progress,
             };
-            let summary = runtime
-                .block_on(app::run_files(&settings, opts, shutdown_signal()))
-                .context("the run halted")?;
+            let summary =
+                runtime.block_on(app::run_files(&settings, opts, shutdown_signal())).context("the run halted")?;
             print!("{summary}");
             Ok(if summary.dead_lettered() > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
         }
@@ -131,4 +130,3 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
 }
-

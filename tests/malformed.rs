@@ -23,7 +23,12 @@ fn every_malformed_kind_is_dead_lettered_with_its_code() {
                 }
                 assert_eq!(rejected.error.code.disposition(), Disposition::DeadLetter, "{}", case.name);
                 assert!(!rejected.error.detail.is_empty(), "{}", case.name);
-                assert!(!rejected.error.detail.contains("CANARY"), "{}: detail leaks input: {}", case.name, rejected.error.detail);
+                assert!(
+                    !rejected.error.detail.contains("CANARY"),
+                    "{}: detail leaks input: {}",
+                    case.name,
+                    rejected.error.detail
+                );
                 assert!(rejected.error.detail.len() < 300, "{}: detail is bounded", case.name);
             }
         }
@@ -50,7 +55,8 @@ fn limits_and_preferences_come_from_settings() {
     assert_eq!(small.process(&doc).unwrap_err().error.code, ErrorCode::MessageTooLarge);
 
     let plain_only = Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/plain")]));
-    let html = doc_with("doc-1", vec![serde_json::json!({"contentType": "text/html", "data": b64(b"<p>Hi there</p>")})]);
+    let html =
+        doc_with("doc-1", vec![serde_json::json!({"contentType": "text/html", "data": b64(b"<p>Hi there</p>")})]);
     assert_eq!(plain_only.process(&bytes(&html)).unwrap_err().error.code, ErrorCode::UnsupportedContentType);
     assert!(Pipeline::new(&settings()).process(&bytes(&html)).is_ok());
 }
@@ -71,7 +77,9 @@ fn tolerated_oddities_decode() {
     let text = b"Plan: rest.";
     let mut doc = doc_with(
         "doc-2",
-        vec![serde_json::json!({"contentType": "text/plain", "data": format!("{}\n", b64(text)), "size": text.len().to_string(), "hash": sha1_b64(text)})],
+        vec![
+            serde_json::json!({"contentType": "text/plain", "data": format!("{}\n", b64(text)), "size": text.len().to_string(), "hash": sha1_b64(text)}),
+        ],
     );
     doc["extension"] = serde_json::json!([{"url": "x", "valueString": "y"}]);
     let mut raw = b"\xEF\xBB\xBF".to_vec();
@@ -96,7 +104,8 @@ fn several_attachments_are_chosen_by_preference() {
     assert_eq!(out.note.attachment.index, 2);
     assert_eq!(out.note.attachment.content_type, "text/plain");
     assert_eq!(out.note.text, "From plain text.");
-    let html_first = Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/html,text/plain")]));
+    let html_first =
+        Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/html,text/plain")]));
     let out = html_first.process(&bytes(&doc)).unwrap();
     assert_eq!((out.note.attachment.index, out.note.text.as_str()), (1, "From HTML.\n"));
 }

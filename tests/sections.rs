@@ -42,7 +42,13 @@ fn render(text: &str, secs: &[Section], sents: &[Sentence]) -> String {
         let mine: Vec<&Sentence> = sents.iter().filter(|x| x.section == i).collect();
         let first = mine.first().map(|x| &text[x.start..x.end]).unwrap_or("");
         let first: String = first.chars().take(60).collect();
-        out.push_str(&format!("{:<28} {:<34} {:>3}  {}\n", s.name, format!("{:?}", s.title), mine.len(), first.replace('\n', " ")));
+        out.push_str(&format!(
+            "{:<28} {:<34} {:>3}  {}\n",
+            s.name,
+            format!("{:?}", s.title),
+            mine.len(),
+            first.replace('\n', " ")
+        ));
     }
     out
 }
@@ -76,7 +82,8 @@ fn every_synthea_fixture_note_decodes_with_its_sections() {
         let doc = pipeline.process(line.as_bytes()).unwrap_or_else(|e| panic!("line {}: {:?}", n + 1, e.error));
         assert_structure(&doc.note.text, &doc.sections, &doc.sentences);
         let names: Vec<&str> = doc.sections.iter().map(|s| s.name).collect();
-        for expected in ["chief_complaint", "history_of_present_illness", "social_history", "allergies", "medications"] {
+        for expected in ["chief_complaint", "history_of_present_illness", "social_history", "allergies", "medications"]
+        {
             assert!(names.contains(&expected), "line {}: no {expected} in {names:?}", n + 1);
         }
         assert!(names.contains(&"assessment_and_plan") || names.contains(&"plan"), "line {}: {names:?}", n + 1);

@@ -117,10 +117,9 @@ fn size_number_or_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>,
     match Option::<Size>::deserialize(d)? {
         None => Ok(None),
         Some(Size::Number(n)) => Ok(Some(n)),
-        Some(Size::Text(s)) => s
-            .parse::<u64>()
-            .map(Some)
-            .map_err(|_| serde::de::Error::custom("size is not a non-negative integer")),
+        Some(Size::Text(s)) => {
+            s.parse::<u64>().map(Some).map_err(|_| serde::de::Error::custom("size is not a non-negative integer"))
+        }
     }
 }
 

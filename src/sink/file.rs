@@ -32,7 +32,12 @@ impl FileSink {
             let path = dir.join(name);
             File::create(&path).map(|f| BufWriter::with_capacity(256 * 1024, f)).map_err(err(&path))
         };
-        Ok(Self { dir: dir.to_path_buf(), notes: open(NOTES_FILE)?, dead_letters: open(DEAD_LETTERS_FILE)?, include_text })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            notes: open(NOTES_FILE)?,
+            dead_letters: open(DEAD_LETTERS_FILE)?,
+            include_text,
+        })
     }
 
     pub fn paths(&self) -> [PathBuf; 2] {

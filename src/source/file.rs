@@ -246,7 +246,12 @@ impl Reader {
         self.lines_after(input, origin, skipped_lines + 1)
     }
 
-    fn lines_after(&mut self, input: &mut impl BufRead, origin: &dyn Fn(u64) -> Origin, offset: u64) -> Result<(), ReadError> {
+    fn lines_after(
+        &mut self,
+        input: &mut impl BufRead,
+        origin: &dyn Fn(u64) -> Origin,
+        offset: u64,
+    ) -> Result<(), ReadError> {
         self.lines(input, &|line| origin(line + offset))
     }
 

@@ -60,7 +60,10 @@ pub enum SourceEvent {
     /// Progress: bytes of input consumed so far (for the progress bar).
     Progress(u64),
     /// An event longer than `input.max_message_bytes`; its bytes were not kept.
-    Oversized { origin: Origin, bytes: u64 },
+    Oversized {
+        origin: Origin,
+        bytes: u64,
+    },
     /// A file that was deliberately not read (another resource type in a Bulk-FHIR export).
     SkippedFile(PathBuf),
     /// A Bundle entry that is not a DocumentReference.

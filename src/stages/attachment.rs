@@ -78,7 +78,9 @@ pub fn decode_base64(data: &str, max_bytes: usize) -> Result<Vec<u8>, DocError> 
         let why = match e {
             base64::DecodeError::InvalidByte(offset, _) => format!("invalid base64 symbol at offset {offset}"),
             base64::DecodeError::InvalidLength(_) => "invalid base64 length".to_string(),
-            base64::DecodeError::InvalidLastSymbol(offset, _) => format!("invalid last base64 symbol at offset {offset}"),
+            base64::DecodeError::InvalidLastSymbol(offset, _) => {
+                format!("invalid last base64 symbol at offset {offset}")
+            }
             base64::DecodeError::InvalidPadding => "invalid base64 padding".to_string(),
         };
         DocError::decode(ErrorCode::InvalidBase64, format!("attachment.data: {why}"))
@@ -103,11 +105,9 @@ pub fn verify(bytes: &[u8], size: Option<u64>, hash: Option<&str>, verify_hash: 
         }
     }
     let Some(hash) = hash.filter(|_| verify_hash) else { return Ok(false) };
-    let expected = BASE64
-        .decode(hash.trim())
-        .ok()
-        .filter(|d| d.len() == 20)
-        .ok_or_else(|| DocError::decode(ErrorCode::InvalidHash, "attachment.hash is not a base64 SHA-1 digest (20 bytes)"))?;
+    let expected = BASE64.decode(hash.trim()).ok().filter(|d| d.len() == 20).ok_or_else(|| {
+        DocError::decode(ErrorCode::InvalidHash, "attachment.hash is not a base64 SHA-1 digest (20 bytes)")
+    })?;
     let actual = sha1::Sha1::digest(bytes);
     if actual.as_slice() != expected.as_slice() {
         return Err(DocError::decode(ErrorCode::HashMismatch, "attachment.hash does not match the SHA-1 of the data"));
@@ -127,9 +127,7 @@ pub fn decode_charset(bytes: &[u8], declared: Option<&str>) -> Result<(String, &
         return utf16(rest, u16::from_be_bytes).map(|s| (s, "utf-16be"));
     }
     match declared.map(str::trim) {
-        None | Some("") | Some("utf-8") | Some("utf8") | Some("unicode-1-1-utf-8") => {
-            utf8(bytes).map(|s| (s, "utf-8"))
-        }
+        None | Some("") | Some("utf-8") | Some("utf8") | Some("unicode-1-1-utf-8") => utf8(bytes).map(|s| (s, "utf-8")),
         Some("utf-16le") => utf16(bytes, u16::from_le_bytes).map(|s| (s, "utf-16le")),
         Some("utf-16be") => utf16(bytes, u16::from_be_bytes).map(|s| (s, "utf-16be")),
         Some("utf-16") | Some("ucs-2") | Some("unicode") => Err(DocError::decode(
@@ -137,8 +135,8 @@ pub fn decode_charset(bytes: &[u8], declared: Option<&str>) -> Result<(String, &
             "charset utf-16 without a byte-order mark (declare utf-16le or utf-16be, or add a BOM)",
         )),
         Some(
-            "iso-8859-1" | "iso8859-1" | "iso_8859-1" | "latin1" | "latin-1" | "l1" | "cp819" | "ibm819" | "windows-1252"
-            | "cp1252" | "x-cp1252" | "us-ascii" | "ascii" | "iso-ir-100" | "csisolatin1",
+            "iso-8859-1" | "iso8859-1" | "iso_8859-1" | "latin1" | "latin-1" | "l1" | "cp819" | "ibm819"
+            | "windows-1252" | "cp1252" | "x-cp1252" | "us-ascii" | "ascii" | "iso-ir-100" | "csisolatin1",
         ) => Ok((windows_1252(bytes), "windows-1252")),
         Some(_) => Err(DocError::decode(
             ErrorCode::UnsupportedCharset,

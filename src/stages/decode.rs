@@ -224,7 +224,8 @@ mod tests {
 
     #[test]
     fn type_errors_name_the_path_but_not_the_value() {
-        let json = br#"{"resourceType":"DocumentReference","id":"a","content":[{"attachment":{"size":"SECRET-VALUE"}}]}"#;
+        let json =
+            br#"{"resourceType":"DocumentReference","id":"a","content":[{"attachment":{"size":"SECRET-VALUE"}}]}"#;
         let e = decode(json, &params()).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidFhir);
         assert!(e.detail.contains("content[0].attachment.size"), "{}", e.detail);

@@ -12,9 +12,45 @@ const SKIP_CONTENT: &[&str] = &["script", "style", "head", "title", "noscript", 
 
 /// Elements that start and end a paragraph-level block.
 const BLOCKS: &[&str] = &[
-    "p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "dl", "dt", "dd", "table", "thead", "tbody",
-    "tfoot", "tr", "section", "article", "header", "footer", "aside", "nav", "main", "blockquote", "pre", "hr",
-    "address", "figure", "figcaption", "caption", "body", "html", "form", "fieldset", "legend", "details",
+    "p",
+    "div",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "ul",
+    "ol",
+    "li",
+    "dl",
+    "dt",
+    "dd",
+    "table",
+    "thead",
+    "tbody",
+    "tfoot",
+    "tr",
+    "section",
+    "article",
+    "header",
+    "footer",
+    "aside",
+    "nav",
+    "main",
+    "blockquote",
+    "pre",
+    "hr",
+    "address",
+    "figure",
+    "figcaption",
+    "caption",
+    "body",
+    "html",
+    "form",
+    "fieldset",
+    "legend",
+    "details",
     "summary",
 ];
 
@@ -372,6 +408,9 @@ mod tests {
         assert_eq!(to_text("<p title=\"a>b\">x</p><p>y"), "x\n\ny\n");
         assert_eq!(to_text("<p>x<"), "x<\n");
         assert_eq!(to_text("<!-- never closed"), "");
-        assert_eq!(to_text("<p>IMPRESSION:</p>\n  <br/>No acute abnormality.<br/><br/>End"), "IMPRESSION:\n\nNo acute abnormality.\n\nEnd\n");
+        assert_eq!(
+            to_text("<p>IMPRESSION:</p>\n  <br/>No acute abnormality.<br/><br/>End"),
+            "IMPRESSION:\n\nNo acute abnormality.\n\nEnd\n"
+        );
     }
 }

@@ -11,11 +11,46 @@ use crate::stages::attachment::windows_1252;
 
 /// Destinations whose content is not document text.
 const SKIP_DESTINATIONS: &[&str] = &[
-    "fonttbl", "colortbl", "stylesheet", "info", "pict", "object", "datastore", "themedata",
-    "colorschememapping", "latentstyles", "rsidtbl", "listtable", "listoverridetable", "generator", "xmlnstbl",
-    "fldinst", "filetbl", "revtbl", "header", "headerl", "headerr", "headerf", "footer", "footerl", "footerr",
-    "footerf", "pnseclvl", "pntext", "pntxta", "pntxtb", "bkmkstart", "bkmkend", "shppict", "nonshppict", "mmathPr",
-    "wgrffmtfilter", "operator", "author", "title", "company",
+    "fonttbl",
+    "colortbl",
+    "stylesheet",
+    "info",
+    "pict",
+    "object",
+    "datastore",
+    "themedata",
+    "colorschememapping",
+    "latentstyles",
+    "rsidtbl",
+    "listtable",
+    "listoverridetable",
+    "generator",
+    "xmlnstbl",
+    "fldinst",
+    "filetbl",
+    "revtbl",
+    "header",
+    "headerl",
+    "headerr",
+    "headerf",
+    "footer",
+    "footerl",
+    "footerr",
+    "footerf",
+    "pnseclvl",
+    "pntext",
+    "pntxta",
+    "pntxtb",
+    "bkmkstart",
+    "bkmkend",
+    "shppict",
+    "nonshppict",
+    "mmathPr",
+    "wgrffmtfilter",
+    "operator",
+    "author",
+    "title",
+    "company",
 ];
 
 #[derive(Clone, Copy)]
@@ -50,9 +85,9 @@ pub fn to_text(bytes: &[u8]) -> Result<String, DocError> {
                 continue;
             }
             b'}' => {
-                state = stack
-                    .pop()
-                    .ok_or_else(|| DocError::decode(ErrorCode::InvalidRtf, "text/rtf closes more groups than it opens"))?;
+                state = stack.pop().ok_or_else(|| {
+                    DocError::decode(ErrorCode::InvalidRtf, "text/rtf closes more groups than it opens")
+                })?;
                 to_skip = 0;
                 i += 1;
                 group_start = false;
@@ -73,7 +108,8 @@ pub fn to_text(bytes: &[u8]) -> Result<String, DocError> {
                     while j < bytes.len() && bytes[j].is_ascii_digit() {
                         j += 1;
                     }
-                    let param: Option<i64> = std::str::from_utf8(&bytes[param_start..j]).ok().and_then(|s| s.parse().ok());
+                    let param: Option<i64> =
+                        std::str::from_utf8(&bytes[param_start..j]).ok().and_then(|s| s.parse().ok());
                     if j < bytes.len() && bytes[j] == b' ' {
                         j += 1;
                     }

@@ -320,7 +320,8 @@ fn colon_header(text: &str, at: usize, line_end: usize, line_start: bool) -> Opt
         return None;
     }
     let after = &text[colon + 1..line_end];
-    let mut body_start = colon + 1 + (after.len() - after.trim_start_matches(|c: char| c.is_whitespace() || c == ',').len());
+    let mut body_start =
+        colon + 1 + (after.len() - after.trim_start_matches(|c: char| c.is_whitespace() || c == ',').len());
     if body_start == line_end {
         // The body starts on the next line.
         body_start = (line_end + 1).min(text.len());
@@ -341,7 +342,8 @@ fn whole_line_header(text: &str, at: usize, content_end: usize, line_end: usize)
     if title.len() > MAX_TITLE || title.ends_with('.') {
         return None;
     }
-    if !title.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'/' | b'&' | b'-' | b'(' | b')' | b',')) {
+    if !title.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'/' | b'&' | b'-' | b'(' | b')' | b','))
+    {
         return None;
     }
     let entry = lookup(title);
@@ -349,9 +351,7 @@ fn whole_line_header(text: &str, at: usize, content_end: usize, line_end: usize)
     let header = match entry {
         Some(e) if (title.len() > 3 && starts_upper(title)) || is_all_caps(title) => Some(e),
         Some(_) => return None,
-        None if is_all_caps(title) && letters >= 3 && title.split_whitespace().count() <= MAX_UNKNOWN_WORDS + 2 => {
-            None
-        }
+        None if is_all_caps(title) && letters >= 3 && title.split_whitespace().count() <= MAX_UNKNOWN_WORDS + 2 => None,
         None => return None,
     };
     Some(Header {
@@ -433,7 +433,9 @@ mod tests {
             ]
         );
         assert_eq!(
-            names("SUBJECTIVE:,  Allergies.,MEDICATIONS: , Allegra.,OBJECTIVE:,Vitals:  BP 124/78.,Neck:  Supple.,PLAN:,1.  Zyrtec."),
+            names(
+                "SUBJECTIVE:,  Allergies.,MEDICATIONS: , Allegra.,OBJECTIVE:,Vitals:  BP 124/78.,Neck:  Supple.,PLAN:,1.  Zyrtec."
+            ),
             vec![
                 ("subjective", "SUBJECTIVE".into()),
                 ("medications", "MEDICATIONS".into()),

@@ -14,8 +14,8 @@ use crate::model::{Section, Sentence};
 
 /// Words that never end a sentence when followed by `.` (lower-case, without the final dot).
 const NEVER_END: &[&str] = &[
-    "dr", "mr", "mrs", "ms", "prof", "sr", "st", "vs", "v", "e.g", "i.e", "cf", "approx", "appt", "dept", "fig",
-    "no", "nos", "resp", "temp", "wt", "ht", "hr", "est", "incl", "min", "max", "pt", "pts", "ca", "viz", "al",
+    "dr", "mr", "mrs", "ms", "prof", "sr", "st", "vs", "v", "e.g", "i.e", "cf", "approx", "appt", "dept", "fig", "no",
+    "nos", "resp", "temp", "wt", "ht", "hr", "est", "incl", "min", "max", "pt", "pts", "ca", "viz", "al",
 ];
 
 #[derive(Debug, Clone)]
@@ -81,11 +81,12 @@ fn terminal(text: &str, sent_start: usize, i: usize, end: usize) -> Option<usize
     if j >= end {
         return Some(cut);
     }
-    if j == gap_start && !(gap_start > cut) {
+    if j == gap_start && gap_start <= cut {
         return None; // `4.7`, `p.o`, `a.m.` — no space after the dot.
     }
     let next = bytes[j];
-    if !(next.is_ascii_uppercase() || next.is_ascii_digit() || matches!(next, b'"' | b'(' | b'[' | b'-' | b'*' | b'#')) {
+    if !(next.is_ascii_uppercase() || next.is_ascii_digit() || matches!(next, b'"' | b'(' | b'[' | b'-' | b'*' | b'#'))
+    {
         return None;
     }
     if bytes[i] == b'.' && !ends_sentence_word(text, sent_start, i) {
@@ -97,7 +98,11 @@ fn terminal(text: &str, sent_start: usize, i: usize, end: usize) -> Option<usize
 /// Whether the word before the `.` at `dot` can end a sentence.
 fn ends_sentence_word(text: &str, sent_start: usize, dot: usize) -> bool {
     let before = &text[sent_start..dot];
-    let word_start = before.rfind(|c: char| c.is_whitespace() || c == '(' || c == ',').map_or(0, |p| p + 1);
+    let word_start = before
+        .char_indices()
+        .rev()
+        .find(|(_, c)| c.is_whitespace() || *c == '(' || *c == ',')
+        .map_or(0, |(p, c)| p + c.len_utf8());
     let word = &before[word_start..];
     if word.is_empty() {
         return true;
@@ -166,7 +171,8 @@ fn emit(text: &str, start: usize, end: usize, section: usize, p: &SentenceParams
     let span = &text[start..end];
     let lead = span.len() - span.trim_start_matches(|c: char| c.is_whitespace() || c == ',' || c == ';').len();
     let (mut s, e) = (start + lead, start + span.trim_end().len());
-    if s >= e || !text[s..e].bytes().any(|b| b.is_ascii_alphanumeric()) && !text[s..e].chars().any(char::is_alphanumeric)
+    if s >= e
+        || !text[s..e].bytes().any(|b| b.is_ascii_alphanumeric()) && !text[s..e].chars().any(char::is_alphanumeric)
     {
         return;
     }
@@ -176,7 +182,8 @@ fn emit(text: &str, start: usize, end: usize, section: usize, p: &SentenceParams
             cut -= 1;
         }
         let piece_end = text[s..cut].rfind(char::is_whitespace).map(|w| s + w).filter(|&w| w > s).unwrap_or(cut);
-        out.push(Sentence { start: s, end: piece_end, section });
+        let trimmed_end = s + text[s..piece_end].trim_end().len();
+        out.push(Sentence { start: s, end: trimmed_end, section });
         s = piece_end + text[piece_end..e].len() - text[piece_end..e].trim_start().len();
     }
     if s < e {
@@ -198,7 +205,12 @@ mod tests {
     fn abbreviations_do_not_split() {
         assert_eq!(
             sents("Seen by Dr. Smith today. Tylenol 500 mg p.o. b.i.d. for pain. Aspirin q.d. Compare vs. placebo."),
-            vec!["Seen by Dr. Smith today.", "Tylenol 500 mg p.o. b.i.d. for pain.", "Aspirin q.d.", "Compare vs. placebo."]
+            vec![
+                "Seen by Dr. Smith today.",
+                "Tylenol 500 mg p.o. b.i.d. for pain.",
+                "Aspirin q.d.",
+                "Compare vs. placebo."
+            ]
         );
         assert_eq!(sents("Referred by J. Smith, e.g. Here."), vec!["Referred by J. Smith, e.g. Here."]);
     }
@@ -218,7 +230,9 @@ mod tests {
     #[test]
     fn line_breaks() {
         assert_eq!(
-            sents("Medications:\n- Lisinopril 10 mg\n- Metformin\nThe patient was\nadvised to rest.\n\nFollow up in 2 weeks"),
+            sents(
+                "Medications:\n- Lisinopril 10 mg\n- Metformin\nThe patient was\nadvised to rest.\n\nFollow up in 2 weeks"
+            ),
             vec![
                 "Medications:",
                 "- Lisinopril 10 mg",

@@ -1,0 +1,46 @@
+# clinstream — the two set-up commands are `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Build output lives outside the clone so repeated runs (and CI on the same machine) reuse it.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/clinstream/target
+CARGO ?= cargo
+BIN := $(CARGO_TARGET_DIR)/release/clinstream
+FUZZ_SECONDS ?= 60
+
+.PHONY: help build run test lint unit fuzz fmt clean
+
+help:
+	@echo "make run    build and process examples/ into out/ (embedded defaults)"
+	@echo "make test   format check, clippy -D warnings, and every test"
+	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
+
+build:
+	$(CARGO) build --release --locked
+
+# Exit status 3 means "finished, with dead letters" (examples/ holds one note that is only referenced by url).
+run: build
+	@rc=0; $(BIN) run --input examples --out out || rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "(exit 3: finished with dead letters, see out/dead_letters.ndjson)"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
+
+test: lint unit
+
+lint:
+	$(CARGO) fmt --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --locked
+
+fmt:
+	$(CARGO) fmt
+
+# cargo-fuzz needs a nightly compiler; the build machines have one preinstalled (`cargo +nightly`).
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked --version 0.13.2
+	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pipeline -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run text_stages -- -max_total_time=$(FUZZ_SECONDS)
+
+clean:
+	rm -rf out
