@@ -88,25 +88,27 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let status = if self.interrupted { " (interrupted)" } else { "" };
         writeln!(f, "clinstream run{status}")?;
-        writeln!(f, "  documents read       {:>8}", self.read)?;
-        writeln!(f, "  documents written    {:>8}", self.written)?;
-        writeln!(f, "  dead-lettered        {:>8}", self.dead_lettered())?;
+        let row = |f: &mut fmt::Formatter<'_>, label: &str, n: u64| writeln!(f, "  {label:<28}{n:>8}");
+        row(f, "documents read", self.read)?;
+        row(f, "documents written", self.written)?;
+        row(f, "dead-lettered", self.dead_lettered())?;
         for (code, n) in &self.dead_letters {
-            writeln!(f, "    {:<26} {:>6}", code.as_str(), n)?;
+            row(f, &format!("  {}", code.as_str()), *n)?;
         }
-        if self.skipped_files > 0 || self.skipped_resources > 0 {
-            writeln!(
-                f,
-                "  skipped              {:>8} files of other resource types, {} bundle entries that are not DocumentReferences",
-                self.skipped_files, self.skipped_resources
-            )?;
+        if self.skipped_files > 0 {
+            row(f, "skipped files (other types)", self.skipped_files)?;
         }
+        if self.skipped_resources > 0 {
+            row(f, "skipped bundle entries", self.skipped_resources)?;
+        }
+        let secs = self.elapsed.as_secs_f64();
         writeln!(
             f,
-            "  time                 {:>8.2} s   {:.0} notes/s   {:.1} MB/s",
-            self.elapsed.as_secs_f64(),
+            "  {:<28}{:>8.2} s  ({:.0} notes/s, {:.1} MB/s)",
+            "time",
+            secs,
             self.notes_per_second(),
-            self.bytes as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
+            self.bytes as f64 / 1e6 / secs.max(1e-9)
         )?;
         for p in &self.outputs {
             writeln!(f, "  wrote {}", p.display())?;

@@ -69,7 +69,7 @@ fn mixed_valid_and_malformed_events() {
         assert!(d["stage"].is_string() && d["detail"].is_string() && d["worker_version"].is_string());
     }
     let summary = String::from_utf8_lossy(&o.stdout);
-    assert!(summary.contains(&format!("documents written    {:>8}", good.len())), "{summary}");
+    assert!(summary.contains(&format!("documents written{:>19}", good.len())), "{summary}");
     assert!(summary.contains("invalid_base64"), "{summary}");
     // PHI: the canary appears in no output but the note text itself, and nowhere in logs or dead letters.
     assert!(!text(&o).contains("CANARY"), "{}", text(&o));
@@ -146,7 +146,7 @@ fn bulk_fhir_directory_reads_only_document_references() {
     let ids: Vec<_> =
         read_ndjson(&out.join("notes.ndjson")).iter().map(|n| n["doc_id"].as_str().unwrap().to_string()).collect();
     assert_eq!(ids, vec!["a", "b", "c", "d"]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("2 files of other resource types"));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("skipped files (other types){:>9}", 2)));
 }
 
 #[test]
