@@ -5,6 +5,8 @@
 //! * `app` — wiring: source → stages → sinks, backpressure, shutdown, the run summary.
 //! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
 //! * `error` — every error code with its disposition (dead-letter / retry / halt).
+//! * `eval` — evaluation commands over labelled sets (negex, openi, sdoh).
+//! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
 //! * `model` — the FHIR subset (serde) and internal types (`Note`, `Section`, `Sentence`, `Document`).
 //! * `stages` — pure synchronous stages: decode, attachment, html, rtf, sections, sentences.
 //! * `source` — event sources (`file`: NDJSON, Bundles, Bulk FHIR, stdin).
@@ -16,6 +18,8 @@ pub mod app;
 pub mod config;
 pub mod docs;
 pub mod error;
+pub mod eval;
+pub mod lexicon;
 pub mod model;
 pub mod sink;
 pub mod source;

@@ -46,11 +46,32 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Measure extraction quality on a labelled set.
+    Eval {
+        #[command(subcommand)]
+        command: EvalCommand,
+    },
     /// List the error codes with their dispositions.
     Errors {
         /// Print as a Markdown table (docs/errors.md).
         #[arg(long)]
         markdown: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum EvalCommand {
+    /// NegEx / genConText kit: concept-in-sentence pairs with negation, temporality and experiencer labels.
+    Negex {
+        /// The kit's TSV (report, concept, sentence, negation, temporality, experiencer).
+        #[arg(long)]
+        pairs: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Print each misclassified pair to stderr (development aid; the kit is de-identified).
+        #[arg(long)]
+        show_errors: bool,
     },
 }
 
@@ -101,6 +122,26 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config { command: ConfigCommand::Print { config } } => {
             let settings = Settings::load(config.as_deref()).context("loading configuration")?;
             print!("{}", settings.redacted_toml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::Negex { pairs, json, show_errors } } => {
+            let r = clinstream::eval::negex::run(&pairs, show_errors).context("evaluating on the NegEx kit")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "negation   P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
+                    r.negation.precision,
+                    r.negation.recall,
+                    r.negation.f1,
+                    r.negation.tp,
+                    r.negation.fp,
+                    r.negation.fn_
+                );
+                println!("temporality accuracy {:.3}", r.temporality.accuracy);
+                println!("experiencer accuracy {:.3}", r.experiencer.accuracy);
+                println!("n {}  (concept not found: {})", r.n, r.concept_not_found);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Errors { markdown } => {

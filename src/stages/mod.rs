@@ -4,6 +4,7 @@
 //! In: the bytes of one event. Out: a `Document` (note, sections, sentences) or a `Rejected` carrying the
 //! dead-letter code and, when it was already known, the document id. Never panics (fuzzed: `fuzz/`).
 
+pub mod assertion;
 pub mod attachment;
 pub mod decode;
 pub mod html;

@@ -1,0 +1,292 @@
+//! Assertion (ConText-style): for each mention in a sentence, whether it is negated, uncertain, hypothetical,
+//! historical or about someone else (family / other experiencer).
+//!
+//! Cues come from `data/context/cues.tsv` (built by `tools/build_context.py` from NegEx, genConText, medSpaCy,
+//! negspacy, pyConTextNLP and a curated list). Each cue has a category and a direction:
+//! * forward cues (`no`, `denies`, `rule out`, `history of`) reach mentions after them, backward cues
+//!   (`was ruled out`, `resolved`, `cannot be excluded`) mentions before them, `both` either way;
+//! * a scope ends at a termination cue (`but`, `however`, `which`, `secondary to`, ...), at `;`, at the sentence
+//!   end, or after `assertion.forward_words` / `backward_words` words. Words inside other mentions and list
+//!   connectors (`,` `or` `and` `nor`) do not count, so "negative for fever, chills, night sweats or weight
+//!   loss" negates the whole list;
+//! * pseudo-cues (`no increase`, `not only`, `gram negative`, `history of present illness`) are matched like cues
+//!   and, being longer, hide the cue they contain; cues inside a mention are ignored;
+//! * `X: none` / `X: negative` / `X - denied` negate X.
+//! Section defaults (family history → family; past medical / surgical history → historical) are applied by
+//! `apply_section_defaults`. Sentence limits come from the sentence splitter. Cannot fail.
+
+use std::sync::OnceLock;
+
+use serde::Serialize;
+
+use crate::lexicon::matcher::{PhraseMatch, PhraseMatcher};
+
+const CUES_TSV: &str = include_str!("../../data/context/cues.tsv");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    Negated,
+    Possible,
+    Hypothetical,
+    Historical,
+    Family,
+    Pseudo,
+    Terminate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Backward,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Cue {
+    pub category: Category,
+    pub direction: Direction,
+}
+
+/// The assertion flags of one mention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Assertion {
+    pub negated: bool,
+    pub uncertain: bool,
+    pub historical: bool,
+    pub family: bool,
+    pub hypothetical: bool,
+}
+
+impl Assertion {
+    /// Affirmed: about the patient, now, and neither negated nor uncertain nor hypothetical.
+    pub fn is_affirmed(&self) -> bool {
+        !(self.negated || self.uncertain || self.historical || self.family || self.hypothetical)
+    }
+}
+
+/// Scope limits.
+#[derive(Debug, Clone, Copy)]
+pub struct AssertionParams {
+    pub forward_words: usize,
+    pub backward_words: usize,
+}
+
+impl Default for AssertionParams {
+    fn default() -> Self {
+        Self { forward_words: 6, backward_words: 5 }
+    }
+}
+
+/// The compiled cue list.
+pub struct ContextRules {
+    matcher: PhraseMatcher,
+    /// Per matcher phrase, the cues it carries (a phrase may be, e.g., both historical and family).
+    cues: Vec<Vec<Cue>>,
+}
+
+impl ContextRules {
+    /// The rules compiled from `data/context/cues.tsv`, built once per process.
+    pub fn builtin() -> &'static ContextRules {
+        static RULES: OnceLock<ContextRules> = OnceLock::new();
+        RULES.get_or_init(|| ContextRules::parse(CUES_TSV).expect("the built-in cue list is valid"))
+    }
+
+    pub fn parse(tsv: &str) -> Result<Self, String> {
+        let mut phrases: Vec<String> = Vec::new();
+        let mut cues: Vec<Vec<Cue>> = Vec::new();
+        let mut index = std::collections::HashMap::new();
+        for (n, line) in tsv.lines().enumerate() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            let cols: Vec<&str> = line.split('\t').collect();
+            let [phrase, category, direction, ..] = cols[..] else {
+                return Err(format!("cue line {}: expected 4 columns", n + 1));
+            };
+            let category = match category {
+                "negated" => Category::Negated,
+                "possible" => Category::Possible,
+                "hypothetical" => Category::Hypothetical,
+                "historical" => Category::Historical,
+                "family" => Category::Family,
+                "pseudo" => Category::Pseudo,
+                "terminate" => Category::Terminate,
+                other => return Err(format!("cue line {}: unknown category {other}", n + 1)),
+            };
+            let direction = match direction {
+                "forward" => Direction::Forward,
+                "backward" => Direction::Backward,
+                "both" => Direction::Both,
+                "none" => Direction::None,
+                other => return Err(format!("cue line {}: unknown direction {other}", n + 1)),
+            };
+            let i = *index.entry(phrase.to_string()).or_insert_with(|| {
+                phrases.push(phrase.to_string());
+                cues.push(Vec::new());
+                phrases.len() - 1
+            });
+            cues[i].push(Cue { category, direction });
+        }
+        let matcher = PhraseMatcher::new(phrases.iter().map(|p| (p.as_str(), false)))?;
+        Ok(Self { matcher, cues })
+    }
+
+    pub fn len(&self) -> usize {
+        self.matcher.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.matcher.is_empty()
+    }
+}
+
+/// A cue occurrence in a sentence.
+#[derive(Debug, Clone, Copy)]
+struct CueHit {
+    start: usize,
+    end: usize,
+    phrase: u32,
+}
+
+/// Words that join list items; they do not count towards a scope's length.
+const CONNECTORS: &[&str] = &["or", "and", "nor", "and/or", "as", "well", "any", "other", "of"];
+
+/// Assertions for the mentions (byte spans, in order) of one sentence `text[sentence.0..sentence.1]`.
+pub fn assert_sentence(
+    text: &str,
+    sentence: (usize, usize),
+    mentions: &[(usize, usize)],
+    rules: &ContextRules,
+    p: &AssertionParams,
+) -> Vec<Assertion> {
+    let (s0, s1) = sentence;
+    let sent = &text[s0..s1];
+    let inside_mention = |a: usize, b: usize| mentions.iter().any(|&(ms, me)| a < me && b > ms);
+    // Cues, longest first (pseudo-cues hide the cues they contain), minus those inside mentions.
+    let hits: Vec<CueHit> = rules
+        .matcher
+        .find(sent)
+        .into_iter()
+        .map(|PhraseMatch { start, end, phrase }| CueHit { start: start + s0, end: end + s0, phrase })
+        .filter(|h| !inside_mention(h.start, h.end))
+        .collect();
+    let is_terminator = |h: &CueHit| rules.cues[h.phrase as usize].iter().any(|c| c.category == Category::Terminate);
+    // A scope is blocked between a and b by a termination cue or a semicolon.
+    let blocked = |a: usize, b: usize| {
+        text[a..b].contains(';') || hits.iter().any(|h| h.start >= a && h.end <= b && is_terminator(h))
+    };
+    let distance = |a: usize, b: usize| count_words(text, a, b, mentions);
+
+    mentions
+        .iter()
+        .map(|&(ms, me)| {
+            let mut a = Assertion::default();
+            for h in &hits {
+                for cue in &rules.cues[h.phrase as usize] {
+                    let forward = matches!(cue.direction, Direction::Forward | Direction::Both)
+                        && h.end <= ms
+                        && !blocked(h.end, ms)
+                        && distance(h.end, ms) <= p.forward_words;
+                    let backward = matches!(cue.direction, Direction::Backward | Direction::Both)
+                        && me <= h.start
+                        && !blocked(me, h.start)
+                        && distance(me, h.start) <= p.backward_words;
+                    if !(forward || backward) {
+                        continue;
+                    }
+                    match cue.category {
+                        Category::Negated => a.negated = true,
+                        Category::Possible => a.uncertain = true,
+                        Category::Hypothetical => a.hypothetical = true,
+                        Category::Historical => a.historical = true,
+                        Category::Family => a.family = true,
+                        Category::Pseudo | Category::Terminate => {}
+                    }
+                }
+            }
+            if colon_none_follows(&text[me..s1]) {
+                a.negated = true;
+            }
+            a
+        })
+        .collect()
+}
+
+/// `X: none`, `X - negative`, `X: denied`, `X: absent`, `X: no`.
+fn colon_none_follows(after: &str) -> bool {
+    let rest = after.trim_start_matches([' ', '\t']);
+    let Some(rest) = rest.strip_prefix(':').or_else(|| rest.strip_prefix(" -")).or_else(|| rest.strip_prefix('-'))
+    else {
+        return false;
+    };
+    let word: String =
+        rest.trim_start().chars().take_while(|c| c.is_alphabetic()).collect::<String>().to_ascii_lowercase();
+    matches!(word.as_str(), "none" | "negative" | "denied" | "denies" | "absent" | "no" | "nil")
+}
+
+/// Words in `text[a..b]` outside mentions, not counting list connectors.
+fn count_words(text: &str, a: usize, b: usize, mentions: &[(usize, usize)]) -> usize {
+    let mut n = 0;
+    let mut i = a;
+    let bytes = text.as_bytes();
+    while i < b {
+        // Skip non-word characters.
+        let c = text[i..].chars().next().unwrap_or(' ');
+        if !c.is_alphanumeric() {
+            i += c.len_utf8();
+            continue;
+        }
+        let start = i;
+        while i < b {
+            let c = text[i..].chars().next().unwrap_or(' ');
+            if !(c.is_alphanumeric() || c == '\'' || c == '/' || c == '-') {
+                break;
+            }
+            i += c.len_utf8();
+        }
+        let word = &text[start..i];
+        let in_mention = mentions.iter().any(|&(ms, me)| start >= ms && i <= me);
+        if !in_mention && !CONNECTORS.iter().any(|c| word.eq_ignore_ascii_case(c)) {
+            n += 1;
+        }
+        let _ = bytes;
+    }
+    n
+}
+
+/// Section defaults: mentions in family history are about the family; in past medical / surgical history they are
+/// historical.
+pub fn apply_section_defaults(section: &str, a: &mut Assertion) {
+    match section {
+        "family_history" => a.family = true,
+        "past_medical_history" | "past_surgical_history" => a.historical = true,
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_one(sentence: &str, mention: &str) -> Assertion {
+        let start = sentence.find(mention).expect("mention in sentence");
+        let r = assert_sentence(
+            sentence,
+            (0, sentence.len()),
+            &[(start, start + mention.len())],
+            ContextRules::builtin(),
+            &AssertionParams::default(),
+        );
+        r[0]
+    }
+
+    #[test]
+    fn basic_negation_and_scope_end() {
+        assert!(assert_one("No pleural effusion.", "pleural effusion").negated);
+        assert!(!assert_one("No pneumothorax, but there is a pleural effusion.", "pleural effusion").negated);
+        assert!(assert_one("Pneumonia was ruled out.", "Pneumonia").negated);
+        assert!(assert_one("Allergies: none.", "Allergies").negated);
+        assert!(assert_one("SKIN:  No RASHES.", "RASHES").negated);
+    }
+}
