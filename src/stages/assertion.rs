@@ -12,6 +12,7 @@
 //! * pseudo-cues (`no increase`, `not only`, `gram negative`, `history of present illness`) are matched like cues
 //!   and, being longer, hide the cue they contain; cues inside a mention are ignored;
 //! * `X: none` / `X: negative` / `X - denied` negate X.
+//!
 //! Section defaults (family history → family; past medical / surgical history → historical) are applied by
 //! `apply_section_defaults`. Sentence limits come from the sentence splitter. Cannot fail.
 
@@ -229,7 +230,6 @@ fn colon_none_follows(after: &str) -> bool {
 fn count_words(text: &str, a: usize, b: usize, mentions: &[(usize, usize)]) -> usize {
     let mut n = 0;
     let mut i = a;
-    let bytes = text.as_bytes();
     while i < b {
         // Skip non-word characters.
         let c = text[i..].chars().next().unwrap_or(' ');
@@ -250,7 +250,6 @@ fn count_words(text: &str, a: usize, b: usize, mentions: &[(usize, usize)]) -> u
         if !in_mention && !CONNECTORS.iter().any(|c| word.eq_ignore_ascii_case(c)) {
             n += 1;
         }
-        let _ = bytes;
     }
     n
 }
