@@ -46,6 +46,8 @@ pub enum RunError {
     Source(#[from] SourceError),
     #[error(transparent)]
     Sink(#[from] SinkError),
+    #[error("invalid configuration:\n{0}")]
+    Config(String),
 }
 
 impl RunError {
@@ -53,6 +55,7 @@ impl RunError {
         match self {
             RunError::Source(_) => ErrorCode::SourceIo,
             RunError::Sink(_) => ErrorCode::SinkIo,
+            RunError::Config(_) => ErrorCode::ConfigInvalid,
         }
     }
 }
@@ -131,8 +134,10 @@ pub async fn run_files(
 ) -> Result<Summary, RunError> {
     let started = Instant::now();
     let plan = file::plan(&opts.inputs)?;
+    let pipeline = Arc::new(Pipeline::new(settings).map_err(RunError::Config)?);
     let progress = progress_bar(opts.progress, &plan);
-    let mut sink = FileSink::create(&opts.out_dir, opts.include_text || settings.output.include_text)?;
+    let mut sink =
+        FileSink::create(&opts.out_dir, opts.include_text || settings.output.include_text, pipeline.compiled())?;
     let mut summary = Summary { outputs: sink.paths().to_vec(), ..Summary::default() };
     info!(
         files = plan.files.len(),
@@ -144,7 +149,6 @@ pub async fn run_files(
 
     let (tx, mut rx) = mpsc::channel::<file::Item>(settings.pipeline.source_channel);
     let reader = file::spawn(plan, settings.input.max_message_bytes, tx);
-    let pipeline = Arc::new(Pipeline::new(settings));
     let capacity = settings.pipeline.in_flight;
     let mut in_flight: VecDeque<(Origin, Pending)> = VecDeque::with_capacity(capacity);
     let mut failure: Option<RunError> = None;

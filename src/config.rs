@@ -28,6 +28,8 @@ pub struct Settings {
     pub decode: DecodeSettings,
     pub sections: SectionSettings,
     pub sentences: SentenceSettings,
+    pub assertion: AssertionSettings,
+    pub clear: ClearSettings,
     pub output: OutputSettings,
     pub pipeline: PipelineSettings,
     pub log: LogSettings,
@@ -58,6 +60,22 @@ pub struct SectionSettings {
 #[serde(deny_unknown_fields)]
 pub struct SentenceSettings {
     pub max_sentence_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AssertionSettings {
+    pub forward_words: usize,
+    pub backward_words: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClearSettings {
+    pub window_words: usize,
+    pub token_budget: usize,
+    #[serde(default)]
+    pub variables: Vec<crate::stages::clear::VariableDef>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -165,6 +183,15 @@ impl Settings {
         if self.sentences.max_sentence_bytes < 64 {
             problems.push("sentences.max_sentence_bytes: must be at least 64".to_string());
         }
+        if self.assertion.forward_words == 0 || self.assertion.backward_words == 0 {
+            problems.push("assertion.forward_words / assertion.backward_words: must be at least 1".to_string());
+        }
+        if self.clear.window_words == 0 {
+            problems.push("clear.window_words: must be at least 1".to_string());
+        }
+        if self.clear.token_budget < 16 {
+            problems.push("clear.token_budget: must be at least 16".to_string());
+        }
         if self.pipeline.in_flight == 0 {
             problems.push("pipeline.in_flight: must be at least 1".to_string());
         }
@@ -207,12 +234,16 @@ fn check_weight(problems: &mut Vec<String>, key: &str, weight: f32) {
     }
 }
 
-/// Key names whose values are secrets, wherever they appear (typed fields or passthrough maps).
+/// Key names whose values are secrets, wherever they appear (typed fields or passthrough maps): judged by the
+/// key's last segment (`sasl.password`, `api_key`, `ssl.key.pem`), so `token_budget` is not a secret.
 fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    ["password", "secret", "token", "api_key", "apikey", "credential", "private_key", "key.pem", "sasl.jaas"]
-        .iter()
-        .any(|s| k.contains(s))
+    let segments: Vec<&str> = k.split(['.', '_', '-']).filter(|s| !s.is_empty()).collect();
+    let last = segments.last().copied().unwrap_or("");
+    let prev = segments.len().checked_sub(2).map_or("", |i| segments[i]);
+    matches!(last, "password" | "passwd" | "secret" | "token" | "credential" | "credentials" | "pem" | "apikey")
+        || (last == "key" && matches!(prev, "api" | "private" | "access" | "secret" | "ssl"))
+        || k.contains("jaas")
 }
 
 pub const REDACTED: &str = "***redacted***";
@@ -355,6 +386,7 @@ mod tests {
         .unwrap();
         redact(&mut v);
         let printed = toml::to_string(&v).unwrap();
+        assert!(!is_secret_key("token_budget") && is_secret_key("auth_token") && is_secret_key("sasl.jaas.config"));
         assert!(!printed.contains("hunter2") && !printed.contains("PEM") && !printed.contains("\"k\""), "{printed}");
         assert!(printed.contains("b:9092"));
         let s = Secret::new("hunter2");

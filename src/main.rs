@@ -73,6 +73,32 @@ enum EvalCommand {
         #[arg(long)]
         show_errors: bool,
     },
+    /// Open-i chest X-ray reports against NegBio labels (cardiomegaly, effusion, pneumonia, pneumothorax, edema).
+    Openi {
+        #[arg(long)]
+        reports: PathBuf,
+        #[arg(long)]
+        labels: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print each misclassified report to stderr (development aid).
+        #[arg(long)]
+        show_errors: bool,
+    },
+    /// SDOH-NLI smoking and alcohol statements.
+    Sdoh {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print each misjudged statement to stderr (development aid).
+        #[arg(long)]
+        show_errors: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -141,6 +167,38 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("temporality accuracy {:.3}", r.temporality.accuracy);
                 println!("experiencer accuracy {:.3}", r.experiencer.accuracy);
                 println!("n {}  (concept not found: {})", r.n, r.concept_not_found);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::Openi { reports, labels, config, json, show_errors } } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let r = clinstream::eval::openi::run(&pipeline, &reports, &labels, show_errors)
+                .context("evaluating on Open-i")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (v, p) in &r.per_variable {
+                    println!(
+                        "{v:<18} P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
+                        p.precision, p.recall, p.f1, p.tp, p.fp, p.fn_
+                    );
+                }
+                println!("macro F1 {:.3}  n {}", r.macro_f1, r.n);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::Sdoh { csv, config, json, show_errors } } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let r = clinstream::eval::sdoh::run(&pipeline, &csv, show_errors).context("evaluating on SDOH-NLI")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (h, s) in &r.per_hypothesis {
+                    println!("{h:<48} accuracy {:.3}  (n {})", s.accuracy, s.n);
+                }
+                println!("accuracy {:.3}  n {}", r.accuracy, r.n);
             }
             Ok(ExitCode::SUCCESS)
         }

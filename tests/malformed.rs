@@ -10,7 +10,7 @@ use common::*;
 
 #[test]
 fn every_malformed_kind_is_dead_lettered_with_its_code() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     let corpus = malformed_corpus();
     assert!(corpus.len() >= 40, "the corpus covers at least 40 kinds, has {}", corpus.len());
     let mut failures = Vec::new();
@@ -40,7 +40,7 @@ fn every_malformed_kind_is_dead_lettered_with_its_code() {
 
 #[test]
 fn the_document_id_is_kept_when_it_was_read() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     let doc = doc_with("doc-9", vec![serde_json::json!({"contentType": "application/pdf", "data": b64(b"%PDF")})]);
     let rejected = pipeline.process(&bytes(&doc)).unwrap_err();
     assert_eq!(rejected.doc_id.as_deref(), Some("doc-9"));
@@ -50,20 +50,21 @@ fn the_document_id_is_kept_when_it_was_read() {
 
 #[test]
 fn limits_and_preferences_come_from_settings() {
-    let small = Pipeline::new(&settings_with(&[("CLINSTREAM__INPUT__MAX_MESSAGE_BYTES", "100")]));
+    let small = Pipeline::new(&settings_with(&[("CLINSTREAM__INPUT__MAX_MESSAGE_BYTES", "100")])).unwrap();
     let doc = bytes(&valid_doc("doc-1", &"word ".repeat(50)));
     assert_eq!(small.process(&doc).unwrap_err().error.code, ErrorCode::MessageTooLarge);
 
-    let plain_only = Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/plain")]));
+    let plain_only =
+        Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/plain")])).unwrap();
     let html =
         doc_with("doc-1", vec![serde_json::json!({"contentType": "text/html", "data": b64(b"<p>Hi there</p>")})]);
     assert_eq!(plain_only.process(&bytes(&html)).unwrap_err().error.code, ErrorCode::UnsupportedContentType);
-    assert!(Pipeline::new(&settings()).process(&bytes(&html)).is_ok());
+    assert!(Pipeline::new(&settings()).unwrap().process(&bytes(&html)).is_ok());
 }
 
 #[test]
 fn tolerated_oddities_decode() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     // A huge string in a field the worker does not read.
     let mut doc = valid_doc("doc-1", "Chest pain.");
     doc["text"] = serde_json::json!({"div": "x".repeat(3_000_000)});
@@ -91,7 +92,7 @@ fn tolerated_oddities_decode() {
 
 #[test]
 fn several_attachments_are_chosen_by_preference() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     let doc = doc_with(
         "doc-1",
         vec![
@@ -105,14 +106,15 @@ fn several_attachments_are_chosen_by_preference() {
     assert_eq!(out.note.attachment.content_type, "text/plain");
     assert_eq!(out.note.text, "From plain text.");
     let html_first =
-        Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/html,text/plain")]));
+        Pipeline::new(&settings_with(&[("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "text/html,text/plain")]))
+            .unwrap();
     let out = html_first.process(&bytes(&doc)).unwrap();
     assert_eq!((out.note.attachment.index, out.note.text.as_str()), (1, "From HTML.\n"));
 }
 
 #[test]
 fn entered_in_error_and_replaces_are_carried() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     let mut doc = valid_doc("doc-2", "Corrected note.");
     doc["status"] = serde_json::json!("entered-in-error");
     doc["relatesTo"] = serde_json::json!([{"code": "replaces", "target": {"reference": "DocumentReference/doc-1"}}, {"code": "appends"}]);

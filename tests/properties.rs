@@ -64,7 +64,7 @@ proptest! {
 
     #[test]
     fn the_pipeline_never_panics_on_bytes(data in prop::collection::vec(any::<u8>(), 0..600)) {
-        let _ = Pipeline::new(&settings()).process(&data);
+        let _ = Pipeline::new(&settings()).unwrap().process(&data);
     }
 
     #[test]
@@ -72,7 +72,7 @@ proptest! {
                                                    ct in prop_oneof![Just("text/plain"), Just("text/html"), Just("text/rtf"),
                                                                      Just("text/plain; charset=utf-16le"), Just("text/plain; charset=windows-1252")]) {
         let doc = doc_with("d", vec![serde_json::json!({"contentType": ct, "data": b64(&data)})]);
-        let _ = Pipeline::new(&settings()).process(&bytes(&doc));
+        let _ = Pipeline::new(&settings()).unwrap().process(&bytes(&doc));
     }
 
     #[test]

@@ -75,7 +75,7 @@ fn mtsamples_section_snapshots() {
 
 #[test]
 fn every_synthea_fixture_note_decodes_with_its_sections() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     let ndjson = std::fs::read_to_string(fixture("synthea/DocumentReference.sample.ndjson")).unwrap();
     let mut n = 0;
     for line in ndjson.lines() {
@@ -97,7 +97,7 @@ fn every_synthea_fixture_note_decodes_with_its_sections() {
 
 #[test]
 fn us_core_examples() {
-    let pipeline = Pipeline::new(&settings());
+    let pipeline = Pipeline::new(&settings()).unwrap();
     let read = |name: &str| std::fs::read(fixture(&format!("us-core/{name}"))).unwrap();
 
     let soap = pipeline.process(&read("DocumentReference-soap-note.json")).unwrap();

@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 
 fn pipeline() -> &'static Pipeline {
     static P: OnceLock<Pipeline> = OnceLock::new();
-    P.get_or_init(|| Pipeline::new(&Settings::load_from(None, Some(Default::default())).unwrap()))
+    P.get_or_init(|| Pipeline::new(&Settings::load_from(None, Some(Default::default())).unwrap()).unwrap())
 }
 
 const TYPES: &[&str] = &["text/plain", "text/html", "text/rtf", "text/plain; charset=utf-16le", "text/plain; charset=windows-1252"];

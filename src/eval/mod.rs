@@ -1,7 +1,10 @@
 //! Evaluation commands over labelled sets (paths given on the command line; the product never reads them by
 //! itself). Each returns a serialisable report; `main` prints it as JSON or as a short table.
 
+pub mod csv;
 pub mod negex;
+pub mod openi;
+pub mod sdoh;
 
 use serde::Serialize;
 

@@ -39,6 +39,36 @@ pub struct Note {
 }
 
 impl Note {
+    /// A note from plain text alone (evaluation sets, tests): UTF-8 `text/plain`, no metadata.
+    pub fn from_text(doc_id: &str, text: String) -> Note {
+        Note {
+            doc_id: doc_id.to_string(),
+            version: None,
+            last_updated: None,
+            status: None,
+            doc_status: None,
+            patient: None,
+            encounter: None,
+            period: None,
+            date: None,
+            doc_type: None,
+            category: Vec::new(),
+            authors: Vec::new(),
+            relates_to: Vec::new(),
+            entered_in_error: false,
+            attachment: AttachmentInfo {
+                index: 0,
+                content_type: "text/plain".into(),
+                charset: "utf-8".into(),
+                language: None,
+                title: None,
+                bytes: text.len(),
+                hash_verified: false,
+            },
+            text,
+        }
+    }
+
     /// References of documents this one replaces (`relatesTo.code = replaces`).
     pub fn replaces(&self) -> impl Iterator<Item = &str> {
         self.relates_to.iter().filter(|r| r.code == "replaces").map(|r| r.target.as_str())
@@ -99,4 +129,6 @@ pub struct Document {
     pub note: Note,
     pub sections: Vec<Section>,
     pub sentences: Vec<Sentence>,
+    pub mentions: Vec<crate::stages::mentions::Mention>,
+    pub variables: Vec<crate::stages::clear::VariableResult>,
 }

@@ -1,28 +1,35 @@
-//! The file sink: `DIR/notes.ndjson` (one record per document) and `DIR/dead_letters.ndjson` (one record per
-//! rejected event), both truncated at the start of a run. Records arrive in input order. Durable once `flush`
+//! The file sink: `DIR/notes.ndjson` (one record per document), `DIR/variables.ndjson` (one record per document
+//! and CLEAR variable) and `DIR/dead_letters.ndjson` (one record per rejected event), both truncated at the start of a run. Records arrive in input order. Durable once `flush`
 //! returns (buffers written and files synced).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::records::{DeadLetterRecord, NoteRecord};
+use std::sync::Arc;
+
+use super::records::{DeadLetterRecord, NoteRecord, VariableRecord};
 use super::{DeadLetter, Sink, SinkError};
 use crate::model::Document;
 use crate::source::Origin;
+use crate::stages::Compiled;
 
 pub const NOTES_FILE: &str = "notes.ndjson";
 pub const DEAD_LETTERS_FILE: &str = "dead_letters.ndjson";
+pub const VARIABLES_FILE: &str = "variables.ndjson";
 
 pub struct FileSink {
     dir: PathBuf,
     notes: BufWriter<File>,
+    variables: BufWriter<File>,
     dead_letters: BufWriter<File>,
     include_text: bool,
+    /// Resolves mention concepts to ids and preferred terms.
+    compiled: Arc<Compiled>,
 }
 
 impl FileSink {
-    pub fn create(dir: &Path, include_text: bool) -> Result<Self, SinkError> {
+    pub fn create(dir: &Path, include_text: bool, compiled: Arc<Compiled>) -> Result<Self, SinkError> {
         let err = |what: &Path| {
             let what = what.display().to_string();
             move |source| SinkError { what, source }
@@ -35,13 +42,15 @@ impl FileSink {
         Ok(Self {
             dir: dir.to_path_buf(),
             notes: open(NOTES_FILE)?,
+            variables: open(VARIABLES_FILE)?,
             dead_letters: open(DEAD_LETTERS_FILE)?,
             include_text,
+            compiled,
         })
     }
 
-    pub fn paths(&self) -> [PathBuf; 2] {
-        [self.dir.join(NOTES_FILE), self.dir.join(DEAD_LETTERS_FILE)]
+    pub fn paths(&self) -> [PathBuf; 3] {
+        [self.dir.join(NOTES_FILE), self.dir.join(VARIABLES_FILE), self.dir.join(DEAD_LETTERS_FILE)]
     }
 
     fn write_line(out: &mut BufWriter<File>, what: &str, value: &impl serde::Serialize) -> Result<(), SinkError> {
@@ -54,7 +63,12 @@ impl FileSink {
 
 impl Sink for FileSink {
     fn document(&mut self, doc: &Document, origin: &Origin) -> Result<(), SinkError> {
-        Self::write_line(&mut self.notes, NOTES_FILE, &NoteRecord::new(doc, origin, self.include_text))
+        let lexicon = &self.compiled.lexicon;
+        Self::write_line(&mut self.notes, NOTES_FILE, &NoteRecord::new(doc, origin, lexicon, self.include_text))?;
+        for record in VariableRecord::all(doc, lexicon, self.include_text) {
+            Self::write_line(&mut self.variables, VARIABLES_FILE, &record)?;
+        }
+        Ok(())
     }
 
     fn dead_letter(&mut self, letter: &DeadLetter) -> Result<(), SinkError> {
@@ -62,7 +76,11 @@ impl Sink for FileSink {
     }
 
     fn flush(&mut self) -> Result<(), SinkError> {
-        for (out, what) in [(&mut self.notes, NOTES_FILE), (&mut self.dead_letters, DEAD_LETTERS_FILE)] {
+        for (out, what) in [
+            (&mut self.notes, NOTES_FILE),
+            (&mut self.variables, VARIABLES_FILE),
+            (&mut self.dead_letters, DEAD_LETTERS_FILE),
+        ] {
             out.flush()
                 .and_then(|_| out.get_ref().sync_data())
                 .map_err(|source| SinkError { what: what.to_string(), source })?;

@@ -7,8 +7,11 @@
 
 use serde::Serialize;
 
+use crate::lexicon::{EntityKind, Lexicon};
 use crate::model::{AttachmentInfo, CodeableConcept, Document, Period, RelatesTo};
 use crate::source::Origin;
+use crate::stages::assertion::Assertion;
+use crate::stages::clear::{Label, Window};
 
 /// The version of this worker, written into every output record.
 pub const WORKER_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -37,10 +40,86 @@ pub struct NoteRecord<'a> {
     pub text_bytes: usize,
     pub sections: Vec<SectionRecord<'a>>,
     pub sentence_count: usize,
+    pub mentions: Vec<MentionRecord<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<&'a str>,
     pub source: &'a Origin,
+    pub lexicon_version: &'a str,
     pub worker_version: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MentionRecord<'a> {
+    pub kind: EntityKind,
+    pub concept: &'a str,
+    pub preferred: &'a str,
+    pub codes: &'a [String],
+    pub start: usize,
+    pub end: usize,
+    pub section: &'static str,
+    pub sentence: usize,
+    pub assertion: Assertion,
+    /// The matched text, only with `include_text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub term: Option<&'a str>,
+}
+
+/// One (document, variable) result: `variables.ndjson`, and later `clinstream.variables.v1`.
+#[derive(Debug, Serialize)]
+pub struct VariableRecord<'a> {
+    pub doc_id: &'a str,
+    pub version: Option<&'a str>,
+    pub patient: Option<&'a str>,
+    pub encounter: Option<&'a str>,
+    pub date: Option<&'a str>,
+    pub entered_in_error: bool,
+    pub variable: &'a str,
+    pub label: Label,
+    pub confidence: f32,
+    pub evidence: Vec<EvidenceRecord<'a>>,
+    pub context_tokens: usize,
+    pub mentions_found: usize,
+    pub lexicon_version: &'a str,
+    pub worker_version: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EvidenceRecord<'a> {
+    #[serde(flatten)]
+    pub window: &'a Window,
+    /// The window's text, only with `include_text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<&'a str>,
+}
+
+impl<'a> VariableRecord<'a> {
+    pub fn all(
+        doc: &'a Document,
+        lexicon: &'a Lexicon,
+        include_text: bool,
+    ) -> impl Iterator<Item = VariableRecord<'a>> {
+        let n = &doc.note;
+        doc.variables.iter().map(move |v| VariableRecord {
+            doc_id: &n.doc_id,
+            version: n.version.as_deref(),
+            patient: n.patient.as_deref(),
+            encounter: n.encounter.as_deref(),
+            date: n.date.as_deref(),
+            entered_in_error: n.entered_in_error,
+            variable: &v.variable,
+            label: v.label,
+            confidence: v.confidence,
+            evidence: v
+                .evidence
+                .iter()
+                .map(|w| EvidenceRecord { window: w, text: include_text.then(|| &n.text[w.start..w.end]) })
+                .collect(),
+            context_tokens: v.context_tokens,
+            mentions_found: v.mentions_found,
+            lexicon_version: lexicon.version(),
+            worker_version: WORKER_VERSION,
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -56,7 +135,7 @@ pub struct SectionRecord<'a> {
 }
 
 impl<'a> NoteRecord<'a> {
-    pub fn new(doc: &'a Document, origin: &'a Origin, include_text: bool) -> Self {
+    pub fn new(doc: &'a Document, origin: &'a Origin, lexicon: &'a Lexicon, include_text: bool) -> Self {
         let n = &doc.note;
         let mut per_section = vec![0usize; doc.sections.len()];
         for s in &doc.sentences {
@@ -95,8 +174,28 @@ impl<'a> NoteRecord<'a> {
                 })
                 .collect(),
             sentence_count: doc.sentences.len(),
+            mentions: doc
+                .mentions
+                .iter()
+                .map(|m| {
+                    let c = lexicon.concept(m.concept);
+                    MentionRecord {
+                        kind: m.kind,
+                        concept: &c.id,
+                        preferred: &c.preferred,
+                        codes: &c.codes,
+                        start: m.start,
+                        end: m.end,
+                        section: doc.sections[m.section].name,
+                        sentence: m.sentence,
+                        assertion: m.assertion,
+                        term: include_text.then(|| &n.text[m.start..m.end]),
+                    }
+                })
+                .collect(),
             text: include_text.then_some(n.text.as_str()),
             source: origin,
+            lexicon_version: lexicon.version(),
             worker_version: WORKER_VERSION,
         }
     }

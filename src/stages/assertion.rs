@@ -75,7 +75,7 @@ pub struct AssertionParams {
 
 impl Default for AssertionParams {
     fn default() -> Self {
-        Self { forward_words: 6, backward_words: 5 }
+        Self { forward_words: 8, backward_words: 5 }
     }
 }
 
@@ -150,8 +150,26 @@ struct CueHit {
     phrase: u32,
 }
 
-/// Words that join list items; they do not count towards a scope's length.
-const CONNECTORS: &[&str] = &["or", "and", "nor", "and/or", "as", "well", "any", "other", "of"];
+/// Words that join list items or link a finding to what it would indicate ("no opacity to suggest a
+/// pneumonia"); they do not count towards a scope's length.
+const CONNECTORS: &[&str] = &[
+    "or",
+    "and",
+    "nor",
+    "and/or",
+    "as",
+    "well",
+    "any",
+    "other",
+    "of",
+    "a",
+    "an",
+    "the",
+    "to",
+    "suggest",
+    "indicate",
+    "represent",
+];
 
 /// Assertions for the mentions (byte spans, in order) of one sentence `text[sentence.0..sentence.1]`.
 pub fn assert_sentence(
@@ -163,7 +181,9 @@ pub fn assert_sentence(
 ) -> Vec<Assertion> {
     let (s0, s1) = sentence;
     let sent = &text[s0..s1];
-    let inside_mention = |a: usize, b: usize| mentions.iter().any(|&(ms, me)| a < me && b > ms);
+    // A cue strictly inside a mention is part of the term ("no" in a drug name); a cue that covers a mention
+    // ("nonsmoker", "differential diagnosis") applies to it.
+    let inside_mention = |a: usize, b: usize| mentions.iter().any(|&(ms, me)| ms <= a && b <= me && (ms, me) != (a, b));
     // Cues, longest first (pseudo-cues hide the cues they contain), minus those inside mentions.
     let hits: Vec<CueHit> = rules
         .matcher
@@ -185,6 +205,7 @@ pub fn assert_sentence(
             let mut a = Assertion::default();
             for h in &hits {
                 for cue in &rules.cues[h.phrase as usize] {
+                    let covers = h.start <= ms && me <= h.end;
                     let forward = matches!(cue.direction, Direction::Forward | Direction::Both)
                         && h.end <= ms
                         && !blocked(h.end, ms)
@@ -193,7 +214,7 @@ pub fn assert_sentence(
                         && me <= h.start
                         && !blocked(me, h.start)
                         && distance(me, h.start) <= p.backward_words;
-                    if !(forward || backward) {
+                    if !(forward || backward || covers && cue.direction != Direction::None) {
                         continue;
                     }
                     match cue.category {

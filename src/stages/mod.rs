@@ -1,19 +1,24 @@
 //! The pure stages: synchronous functions, no I/O, no async runtime. Each file is one stage; `Pipeline` runs
 //! them in order for one event.
 //!
-//! In: the bytes of one event. Out: a `Document` (note, sections, sentences) or a `Rejected` carrying the
+//! In: the bytes of one event. Out: a `Document` (note, sections, sentences, mentions, variables) or a `Rejected` carrying the
 //! dead-letter code and, when it was already known, the document id. Never panics (fuzzed: `fuzz/`).
 
 pub mod assertion;
 pub mod attachment;
+pub mod clear;
 pub mod decode;
 pub mod html;
+pub mod mentions;
 pub mod rtf;
 pub mod sections;
 pub mod sentences;
 
+use std::sync::{Arc, Mutex, OnceLock};
+
 use crate::config::Settings;
 use crate::error::DocError;
+use crate::lexicon::Lexicon;
 use crate::model::Document;
 
 /// Why one event produced no document: the error, and the document id when it was read before the failure.
@@ -29,15 +34,77 @@ pub struct Pipeline {
     decode: decode::DecodeParams,
     sections: sections::SectionParams,
     sentences: sentences::SentenceParams,
+    assertion: assertion::AssertionParams,
+    compiled: Arc<Compiled>,
 }
 
+/// The lexicon extended with the variables' synonyms, and the compiled variables.
+#[derive(Debug)]
+pub struct Compiled {
+    pub lexicon: Lexicon,
+    pub variables: Vec<clear::Variable>,
+}
+
+type CompiledCache = Mutex<Vec<(crate::config::ClearSettings, Arc<Compiled>)>>;
+
 impl Pipeline {
-    pub fn new(settings: &Settings) -> Self {
-        Self {
+    /// Resolves settings and compiles the lexicon with the CLEAR variables (once per distinct variable set in a
+    /// process). Fails with a message naming the variable and field when a definition is wrong.
+    pub fn new(settings: &Settings) -> Result<Self, String> {
+        static CACHE: OnceLock<CompiledCache> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        let found =
+            cache.lock().expect("cache lock").iter().find(|(k, _)| *k == settings.clear).map(|(_, c)| c.clone());
+        let compiled = match found {
+            Some(c) => c,
+            None => {
+                let c = &settings.clear;
+                let (lexicon, variables) =
+                    clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())?;
+                let compiled = Arc::new(Compiled { lexicon, variables });
+                cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
+                compiled
+            }
+        };
+        Ok(Self {
             decode: decode::DecodeParams::from_settings(settings),
             sections: sections::SectionParams::from_settings(settings),
             sentences: sentences::SentenceParams::from_settings(settings),
-        }
+            assertion: assertion::AssertionParams {
+                forward_words: settings.assertion.forward_words,
+                backward_words: settings.assertion.backward_words,
+            },
+            compiled,
+        })
+    }
+
+    /// The compiled lexicon and variables, shared with the sinks.
+    pub fn compiled(&self) -> Arc<Compiled> {
+        self.compiled.clone()
+    }
+
+    pub fn lexicon(&self) -> &Lexicon {
+        &self.compiled.lexicon
+    }
+
+    pub fn variables(&self) -> &[clear::Variable] {
+        &self.compiled.variables
+    }
+
+    /// The text stages after decoding: sections, sentences, mentions, variables.
+    pub fn analyse(&self, note: crate::model::Note) -> Document {
+        let sections = sections::split(&note.text, &self.sections);
+        let sentences = sentences::split(&note.text, &sections, &self.sentences);
+        let mentions = mentions::extract(
+            &note.text,
+            &sections,
+            &sentences,
+            &self.compiled.lexicon,
+            assertion::ContextRules::builtin(),
+            &self.assertion,
+        );
+        let variables = clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables);
+        Document { note, sections, sentences, mentions, variables }
     }
 
     /// Runs every stage over one event.
@@ -45,8 +112,6 @@ impl Pipeline {
         let doc = decode::parse(bytes, &self.decode).map_err(|error| Rejected { error, doc_id: None })?;
         let doc_id = doc.id.clone().filter(|id| decode::is_valid_id(id));
         let note = decode::note_from(doc, &self.decode).map_err(|error| Rejected { error, doc_id })?;
-        let sections = sections::split(&note.text, &self.sections);
-        let sentences = sentences::split(&note.text, &sections, &self.sentences);
-        Ok(Document { note, sections, sentences })
+        Ok(self.analyse(note))
     }
 }

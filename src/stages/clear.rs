@@ -1,0 +1,399 @@
+//! CLEAR (clinical entity augmented retrieval): per clinical variable, windows of ±N words around the mentions
+//! of its target entities, merged when they overlap, ranked by section weight and cut to a token budget; the
+//! label (present / absent / uncertain / not_mentioned) is decided from the mentions inside those windows only.
+//! Variables about current behaviour (tobacco, alcohol, drugs) set `historical_is_present = false`: a former
+//! smoker counts as absent.
+//!
+//! Targets: the variable's concepts and all their descendants in the lexicon hierarchies, plus its own synonyms
+//! (added to the lexicon as a concept `CS:variable:<name>`). Sections: an optional allow-list and deny-list of
+//! canonical names. Decision: each target mention votes with its section's weight — affirmed (and historical,
+//! unless `historical_is_present = false`) for present, uncertain or hypothetical for uncertain, negated for
+//! absent; mentions about family members do not vote. The heaviest vote wins (ties: present, uncertain, absent);
+//! confidence is the winner's share of the votes. Context tokens are counted as words plus punctuation marks
+//! in the kept windows, so the count stays bounded by the budget however long the note is.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lexicon::{EntityKind, ExtraTerm, Lexicon};
+use crate::model::Section;
+use crate::stages::assertion::Assertion;
+use crate::stages::mentions::Mention;
+use crate::stages::sections::CANONICAL_SECTIONS;
+
+/// A variable definition (config `[[clear.variables]]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VariableDef {
+    pub name: String,
+    /// Kind of the variable's own synonym concept (default `disease`).
+    #[serde(default = "default_kind")]
+    pub kind: String,
+    /// Lexicon concept ids (`DOID:552`, `MESH:D006332`, ...).
+    #[serde(default)]
+    pub concepts: Vec<String>,
+    /// Extra phrases that mention the variable.
+    #[serde(default)]
+    pub synonyms: Vec<String>,
+    /// Also target every descendant of `concepts`.
+    #[serde(default = "yes")]
+    pub include_descendants: bool,
+    /// Only these canonical sections (empty = all).
+    #[serde(default)]
+    pub sections: Vec<String>,
+    /// Never these canonical sections.
+    #[serde(default)]
+    pub exclude_sections: Vec<String>,
+    /// Window half-width in words (default `clear.window_words`).
+    #[serde(default)]
+    pub window_words: Option<usize>,
+    /// Context-token budget (default `clear.token_budget`).
+    #[serde(default)]
+    pub token_budget: Option<usize>,
+    /// Count historical mentions as present (a history of the condition); when false they count as absent
+    /// (the variable means current use, e.g. tobacco).
+    #[serde(default = "yes")]
+    pub historical_is_present: bool,
+}
+
+fn default_kind() -> String {
+    "disease".to_string()
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Label {
+    Present,
+    Absent,
+    Uncertain,
+    NotMentioned,
+}
+
+impl Label {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Label::Present => "present",
+            Label::Absent => "absent",
+            Label::Uncertain => "uncertain",
+            Label::NotMentioned => "not_mentioned",
+        }
+    }
+}
+
+/// A target mention inside an evidence window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EvidenceMention {
+    pub start: usize,
+    pub end: usize,
+    pub section: &'static str,
+    pub weight: f32,
+    pub assertion: Assertion,
+}
+
+/// One merged window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Window {
+    pub start: usize,
+    pub end: usize,
+    /// The heaviest section among its mentions.
+    pub section: &'static str,
+    pub weight: f32,
+    pub tokens: usize,
+    pub mentions: Vec<EvidenceMention>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VariableResult {
+    pub variable: String,
+    pub label: Label,
+    pub confidence: f32,
+    pub evidence: Vec<Window>,
+    /// Tokens in the kept windows (bounded by the budget).
+    pub context_tokens: usize,
+    /// Target mentions found before the budget cut.
+    pub mentions_found: usize,
+}
+
+/// A variable compiled against the lexicon.
+#[derive(Debug, Clone)]
+pub struct Variable {
+    pub def: VariableDef,
+    targets: HashSet<u32>,
+    allowed: Option<HashSet<String>>,
+    excluded: HashSet<String>,
+    window_words: usize,
+    token_budget: usize,
+}
+
+impl Variable {
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+}
+
+/// Compiles variable definitions: checks them, adds their synonyms to the lexicon, expands their targets.
+/// Errors name the variable and the field.
+pub fn compile(
+    defs: &[VariableDef],
+    window_words: usize,
+    token_budget: usize,
+    base: &Lexicon,
+) -> Result<(Lexicon, Vec<Variable>), String> {
+    let mut problems = Vec::new();
+    let mut names = HashSet::new();
+    let mut extra = Vec::new();
+    // A synonym the lexicon already has targets that term's concept (no duplicate pattern, whose match would
+    // be ambiguous); other synonyms become terms of the variable's own concept.
+    let known: std::collections::HashMap<&str, u32> = base.terms().collect();
+    let mut known_targets: Vec<Vec<u32>> = vec![Vec::new(); defs.len()];
+    for (i, d) in defs.iter().enumerate() {
+        let key = format!("clear.variables[{i}] ({})", d.name);
+        if d.name.is_empty() || !d.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+            problems.push(format!("{key}.name: must be snake_case"));
+        }
+        if !names.insert(d.name.clone()) {
+            problems.push(format!("{key}.name: defined twice"));
+        }
+        let Some(kind) = EntityKind::parse(&d.kind) else {
+            problems.push(format!("{key}.kind: must be one of medication, symptom, disease, procedure, lab, anatomy"));
+            continue;
+        };
+        if d.concepts.is_empty() && d.synonyms.is_empty() {
+            problems.push(format!("{key}: needs concepts or synonyms"));
+        }
+        for c in &d.concepts {
+            if base.concept_index(c).is_none() {
+                problems.push(format!("{key}.concepts: unknown concept id `{c}`"));
+            }
+        }
+        for s in d.sections.iter().chain(&d.exclude_sections) {
+            if !CANONICAL_SECTIONS.contains(&s.as_str()) {
+                problems.push(format!("{key}: unknown section `{s}`"));
+            }
+        }
+        if d.window_words == Some(0) || d.token_budget == Some(0) {
+            problems.push(format!("{key}: window_words and token_budget must be greater than 0"));
+        }
+        for s in &d.synonyms {
+            if let Some(&c) = known.get(s.to_lowercase().as_str()) {
+                known_targets[i].push(c);
+                continue;
+            }
+            extra.push(ExtraTerm {
+                text: s.clone(),
+                concept_id: format!("CS:variable:{}", d.name),
+                kind,
+                preferred: d.name.replace('_', " "),
+            });
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("\n"));
+    }
+    let lexicon = base.with_extra(&extra)?;
+    let vars = defs
+        .iter()
+        .zip(known_targets)
+        .map(|(d, known)| {
+            let mut roots: Vec<u32> = d.concepts.iter().filter_map(|c| lexicon.concept_index(c)).collect();
+            if let Some(own) = lexicon.concept_index(&format!("CS:variable:{}", d.name)) {
+                roots.push(own);
+            }
+            let mut targets =
+                if d.include_descendants { lexicon.with_descendants(&roots) } else { roots.into_iter().collect() };
+            // Concepts reached through a synonym are targets themselves, without their descendants.
+            targets.extend(known);
+            Variable {
+                targets,
+                allowed: (!d.sections.is_empty()).then(|| d.sections.iter().cloned().collect()),
+                excluded: d.exclude_sections.iter().cloned().collect(),
+                window_words: d.window_words.unwrap_or(window_words),
+                token_budget: d.token_budget.unwrap_or(token_budget),
+                def: d.clone(),
+            }
+        })
+        .collect();
+    Ok((lexicon, vars))
+}
+
+/// Word spans of a text (runs of non-whitespace).
+pub fn word_spans(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices() {
+        match (c.is_whitespace(), start) {
+            (true, Some(s)) => {
+                out.push((s, i));
+                start = None;
+            }
+            (false, None) => start = Some(i),
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, text.len()));
+    }
+    out
+}
+
+/// Tokens in `text`: words plus punctuation marks (a stable, model-free estimate of LLM context tokens).
+pub fn count_tokens(text: &str) -> usize {
+    let mut n = 0;
+    let mut in_word = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if !in_word {
+                n += 1;
+                in_word = true;
+            }
+        } else {
+            in_word = false;
+            if !c.is_whitespace() {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Evaluates every variable on one note.
+pub fn evaluate(text: &str, sections: &[Section], mentions: &[Mention], vars: &[Variable]) -> Vec<VariableResult> {
+    let words = word_spans(text);
+    vars.iter().map(|v| evaluate_one(text, sections, mentions, &words, v)).collect()
+}
+
+fn evaluate_one(
+    text: &str,
+    sections: &[Section],
+    mentions: &[Mention],
+    words: &[(usize, usize)],
+    v: &Variable,
+) -> VariableResult {
+    let targets: Vec<&Mention> = mentions
+        .iter()
+        .filter(|m| v.targets.contains(&m.concept))
+        .filter(|m| {
+            let name = sections[m.section].name;
+            v.allowed.as_ref().is_none_or(|a| a.contains(name)) && !v.excluded.contains(name)
+        })
+        .collect();
+    let word_of = |offset: usize| words.partition_point(|&(_, e)| e <= offset).min(words.len().saturating_sub(1));
+    // Windows as word ranges, merged when they overlap or touch.
+    let mut windows: Vec<(usize, usize, Vec<&Mention>)> = Vec::new();
+    for m in &targets {
+        let (first, last) = (word_of(m.start), word_of(m.end.saturating_sub(1)));
+        let lo = first.saturating_sub(v.window_words);
+        let hi = (last + v.window_words).min(words.len().saturating_sub(1));
+        match windows.last_mut() {
+            Some(w) if lo <= w.1 + 1 => {
+                w.1 = w.1.max(hi);
+                w.2.push(m);
+            }
+            _ => windows.push((lo, hi, vec![m])),
+        }
+    }
+    let weight_of = |ms: &[&Mention]| ms.iter().map(|m| sections[m.section].weight).fold(0.0f32, f32::max);
+    windows.sort_by(|a, b| weight_of(&b.2).total_cmp(&weight_of(&a.2)).then(a.0.cmp(&b.0)));
+
+    let mut kept = Vec::new();
+    let mut remaining = v.token_budget;
+    for (mut lo, mut hi, ms) in windows {
+        let span_tokens = |lo: usize, hi: usize| count_tokens(&text[words[lo].0..words[hi].1]);
+        let mut tokens = span_tokens(lo, hi);
+        if tokens > remaining {
+            // Shrink around the window's mentions until it fits.
+            let (core_lo, core_hi) =
+                (word_of(ms[0].start), word_of(ms[ms.len() - 1].end.saturating_sub(1)).max(word_of(ms[0].start)));
+            while tokens > remaining && (lo < core_lo || hi > core_hi) {
+                if lo < core_lo {
+                    lo += 1;
+                }
+                if hi > core_hi && tokens > remaining {
+                    hi -= 1;
+                }
+                tokens = span_tokens(lo, hi);
+            }
+            if tokens > remaining {
+                continue;
+            }
+        }
+        remaining -= tokens;
+        let (start, end) = (words[lo].0, words[hi].1);
+        let inside: Vec<&Mention> = ms.into_iter().filter(|m| m.start >= start && m.end <= end).collect();
+        let best = inside.iter().max_by(|a, b| sections[a.section].weight.total_cmp(&sections[b.section].weight));
+        let Some(best) = best else { continue };
+        kept.push(Window {
+            start,
+            end,
+            section: sections[best.section].name,
+            weight: sections[best.section].weight,
+            tokens,
+            mentions: inside
+                .iter()
+                .map(|m| EvidenceMention {
+                    start: m.start,
+                    end: m.end,
+                    section: sections[m.section].name,
+                    weight: sections[m.section].weight,
+                    assertion: m.assertion,
+                })
+                .collect(),
+        });
+    }
+    kept.sort_by_key(|w| w.start);
+
+    let (mut present, mut uncertain, mut absent) = (0.0f32, 0.0f32, 0.0f32);
+    for w in &kept {
+        for m in &w.mentions {
+            let a = m.assertion;
+            let weight = m.weight.max(0.01);
+            if a.family {
+                continue;
+            }
+            if a.negated {
+                absent += weight;
+            } else if a.uncertain || a.hypothetical {
+                uncertain += weight;
+            } else if !a.historical || v.def.historical_is_present {
+                present += weight;
+            } else {
+                // Past use of something whose variable means current use: not present now.
+                absent += weight;
+            }
+        }
+    }
+    let total = present + uncertain + absent;
+    let (label, top) = if total == 0.0 {
+        (Label::NotMentioned, 0.0)
+    } else if present >= uncertain && present >= absent {
+        (Label::Present, present)
+    } else if uncertain >= absent {
+        (Label::Uncertain, uncertain)
+    } else {
+        (Label::Absent, absent)
+    };
+    VariableResult {
+        variable: v.def.name.clone(),
+        label,
+        confidence: if total > 0.0 { top / total } else { 1.0 },
+        context_tokens: kept.iter().map(|w| w.tokens).sum(),
+        evidence: kept,
+        mentions_found: targets.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_and_words() {
+        assert_eq!(count_tokens("No pleural effusion, or pneumothorax."), 7);
+        assert_eq!(word_spans(" a  bc\nd "), vec![(1, 2), (4, 6), (7, 8)]);
+    }
+}
