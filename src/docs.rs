@@ -28,3 +28,51 @@ pub fn errors_table(markdown: bool) -> String {
     }
     out
 }
+
+/// A readable account of what the text stages find in `text` (the `explain` command).
+pub fn explain(pipeline: &crate::stages::Pipeline, text: String) -> String {
+    use std::fmt::Write as _;
+    let doc = pipeline.analyse(crate::model::Note::from_text("explain", text));
+    let t = &doc.note.text;
+    let mut out = String::new();
+    for s in &doc.sections {
+        let _ = writeln!(out, "section {} ({:?}) weight {}", s.name, s.title, s.weight);
+    }
+    for m in &doc.mentions {
+        let c = pipeline.lexicon().concept(m.concept);
+        let a = m.assertion;
+        let flags: Vec<&str> = [
+            (a.negated, "negated"),
+            (a.uncertain, "uncertain"),
+            (a.historical, "historical"),
+            (a.family, "family"),
+            (a.hypothetical, "hypothetical"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect();
+        let _ = writeln!(
+            out,
+            "mention {:<10} {:?} -> {} {:?} [{}] in {}",
+            m.kind.as_str(),
+            &t[m.start..m.end],
+            c.id,
+            c.preferred,
+            if flags.is_empty() { "affirmed".to_string() } else { flags.join(", ") },
+            doc.sections[m.section].name
+        );
+    }
+    for v in doc.variables.iter().filter(|v| v.mentions_found > 0) {
+        let _ = writeln!(
+            out,
+            "variable {} = {} (confidence {:.2}, {} mentions, {} context tokens)",
+            v.variable,
+            v.label.as_str(),
+            v.confidence,
+            v.mentions_found,
+            v.context_tokens
+        );
+    }
+    out
+}

@@ -51,6 +51,15 @@ enum Command {
         #[command(subcommand)]
         command: EvalCommand,
     },
+    /// Show what the text stages make of a piece of text: sections, mentions with assertions, variable labels.
+    /// For tuning vocabularies and variable definitions; prints the text you give it.
+    Explain {
+        /// The text (or `-` to read stdin).
+        #[arg(long)]
+        text: String,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// List the error codes with their dispositions.
     Errors {
         /// Print as a Markdown table (docs/errors.md).
@@ -200,6 +209,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 println!("accuracy {:.3}  n {}", r.accuracy, r.n);
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Explain { text, config } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let text = if text == "-" { std::io::read_to_string(std::io::stdin())? } else { text };
+            print!("{}", clinstream::docs::explain(&pipeline, text));
             Ok(ExitCode::SUCCESS)
         }
         Command::Errors { markdown } => {

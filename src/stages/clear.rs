@@ -51,6 +51,11 @@ pub struct VariableDef {
     /// Context-token budget (default `clear.token_budget`).
     #[serde(default)]
     pub token_budget: Option<usize>,
+    /// How mentions combine into a label: `weighted` (each mention votes with its section weight; the heaviest
+    /// label wins) or `any_present` (CheXpert-style: one affirmed mention makes it present, else uncertain, else
+    /// absent).
+    #[serde(default)]
+    pub decision: Decision,
     /// Count historical mentions as present (a history of the condition); when false they count as absent
     /// (the variable means current use, e.g. tobacco).
     #[serde(default = "yes")]
@@ -63,6 +68,14 @@ fn default_kind() -> String {
 
 fn yes() -> bool {
     true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    #[default]
+    Weighted,
+    AnyPresent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -370,6 +383,14 @@ fn evaluate_one(
     let total = present + uncertain + absent;
     let (label, top) = if total == 0.0 {
         (Label::NotMentioned, 0.0)
+    } else if v.def.decision == Decision::AnyPresent {
+        if present > 0.0 {
+            (Label::Present, present)
+        } else if uncertain > 0.0 {
+            (Label::Uncertain, uncertain)
+        } else {
+            (Label::Absent, absent)
+        }
     } else if present >= uncertain && present >= absent {
         (Label::Present, present)
     } else if uncertain >= absent {
