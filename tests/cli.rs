@@ -87,8 +87,40 @@ fn include_text_writes_the_note_text() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let notes = read_ndjson(&out.join("notes.ndjson"));
     assert_eq!(notes[0]["text"], "PLAN: Rest.\n");
+    assert!(notes[0]["lexicon_version"].as_str().unwrap().starts_with("clinstream-lexicon-"));
     assert_eq!(notes[0]["sections"][0]["name"], "plan");
     assert_eq!(notes[0]["sections"][0]["weight"], 1.0);
+}
+
+#[test]
+fn variables_and_mentions_are_written_per_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("notes.ndjson");
+    let lines = [
+        valid_doc("a", &format!("HPI: {CANARY} denies fever.\nASSESSMENT: Community-acquired pneumonia.\n")),
+        valid_doc("b", "IMPRESSION: No pleural effusion.\n"),
+    ];
+    std::fs::write(&input, lines.iter().map(|d| String::from_utf8(bytes(d)).unwrap() + "\n").collect::<String>())
+        .unwrap();
+    let out = dir.path().join("out");
+    let o = clinstream().args(["run", "-i"]).arg(&input).arg("-o").arg(&out).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let notes = read_ndjson(&out.join("notes.ndjson"));
+    let fever = notes[0]["mentions"].as_array().unwrap().iter().find(|m| m["concept"] == "MESH:D005334").cloned();
+    let fever = fever.expect("fever mention");
+    assert_eq!(fever["kind"], "symptom");
+    assert_eq!(fever["assertion"]["negated"], true);
+    assert!(fever.get("term").is_none(), "no matched text without --include-text");
+    let variables = read_ndjson(&out.join("variables.ndjson"));
+    let n_vars = variables.len() / 2;
+    assert!(n_vars >= 17, "every shipped variable is evaluated for every document");
+    let get = |doc: &str, v: &str| variables.iter().find(|r| r["doc_id"] == doc && r["variable"] == v).unwrap().clone();
+    assert_eq!(get("a", "pneumonia")["label"], "present");
+    assert_eq!(get("a", "pneumonia")["evidence"][0]["section"], "assessment");
+    assert_eq!(get("b", "pleural_effusion")["label"], "absent");
+    assert_eq!(get("b", "cardiomegaly")["label"], "not_mentioned");
+    assert!(get("a", "pneumonia")["context_tokens"].as_u64().unwrap() > 0);
+    assert!(!std::fs::read_to_string(out.join("variables.ndjson")).unwrap().contains("CANARY"));
 }
 
 #[test]

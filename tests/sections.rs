@@ -73,6 +73,59 @@ fn mtsamples_section_snapshots() {
     }
 }
 
+/// Mentions of a note, one line each: kind, text, concept, assertion flags, section.
+fn render_mentions(pipeline: &Pipeline, text: &str) -> String {
+    let doc = pipeline.analyse(clinstream::model::Note::from_text("t", text.to_string()));
+    let mut out = String::new();
+    for m in &doc.mentions {
+        let a = m.assertion;
+        let flags: Vec<&str> = [
+            (a.negated, "neg"),
+            (a.uncertain, "unc"),
+            (a.historical, "hist"),
+            (a.family, "fam"),
+            (a.hypothetical, "hyp"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect();
+        let c = pipeline.lexicon().concept(m.concept);
+        out.push_str(&format!(
+            "{:<10} {:<32} {:<16} {:<9} {}\n",
+            m.kind.as_str(),
+            format!("{:?}", &text[m.start..m.end]),
+            c.id,
+            if flags.is_empty() { "aff".to_string() } else { flags.join(",") },
+            doc.sections[m.section].name
+        ));
+    }
+    let mut variables: Vec<String> = doc
+        .variables
+        .iter()
+        .filter(|v| v.mentions_found > 0)
+        .map(|v| format!("variable {} = {}", v.variable, v.label.as_str()))
+        .collect();
+    variables.sort();
+    out.push_str(&variables.join("\n"));
+    out
+}
+
+#[test]
+fn mtsamples_mention_snapshots() {
+    let pipeline = Pipeline::new(&settings()).unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(fixture("mtsamples")).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "txt"));
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+        insta::with_settings!({snapshot_suffix => name.clone(), prepend_module_to_snapshot => false}, {
+            insta::assert_snapshot!("mentions", render_mentions(&pipeline, &text));
+        });
+    }
+}
+
 #[test]
 fn every_synthea_fixture_note_decodes_with_its_sections() {
     let pipeline = Pipeline::new(&settings()).unwrap();

@@ -329,7 +329,11 @@ def main() -> None:
         # Regex fragments (pyConTextNLP) are not phrases; `: no` is handled in code (it would hide a forward `no`).
         if any(c in phrase for c in "()|[]\\") or phrase.startswith(":"):
             return
-        rows.setdefault((phrase, category), (direction, source))
+        key = (phrase, category)
+        if key in rows and rows[key][0] != direction and "none" not in (rows[key][0], direction):
+            rows[key] = ("both", rows[key][1])  # forward in one source or row, backward in another
+        else:
+            rows.setdefault(key, (direction, source))
 
     for phrase, cat, direction in CURATED:
         add(phrase, cat, direction, "clinstream")

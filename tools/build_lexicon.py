@@ -101,6 +101,16 @@ LABS = [
     ("electrolytes", ["electrolytes", "lytes"]),
 ]
 
+# Everyday short forms that the vocabularies only hold in their long form: (alias, concept id).
+ALIASES = [
+    ("diabetes", "DOID:9351"), ("type 2 diabetes", "DOID:9352"), ("type ii diabetes", "DOID:9352"),
+    ("type 1 diabetes", "DOID:9744"), ("type i diabetes", "DOID:9744"), ("heart attack", "DOID:5844"),
+    ("high blood pressure", "DOID:10763"), ("high cholesterol", "MESH:D006937"), ("kidney stones", "DOID:585"),
+    ("kidney stone", "DOID:585"), ("heart failure", "DOID:6000"), ("chf", "DOID:6000"), ("copd", "DOID:3083"),
+    ("afib", "DOID:0060224"), ("a-fib", "DOID:0060224"), ("gerd", "DOID:8534"), ("ckd", "DOID:784"),
+    ("uti", "DOID:0080784"), ("cva", "MESH:D020521"),
+]
+
 # Common words that also are vocabulary terms; they never become entities on their own.
 STOP = set("""
 a an the and or of in on at to for with by as is are was were be been being it its this that these those
@@ -319,6 +329,10 @@ def main() -> None:
             cid = "PCS-BP:" + norm(name).replace(" ", "_")
             concept(cid, "anatomy", name.lower(), [])
             term(name, cid, "icd10pcs")
+
+    for alias, cid in ALIASES:
+        if cid and cid in concepts and (alias, False) not in terms:
+            terms[(alias, False)] = (cid, "clinstream")
 
     # Curated labs (override: lab names that also are drugs, e.g. potassium, stay labs in lab phrasing).
     for preferred, syns in LABS:

@@ -1,0 +1,180 @@
+//! CLEAR variables: windows, merging, section ranking and filters, the token budget, labels and confidence,
+//! definition errors; and the three eval commands on small self-written files in the sets' formats.
+
+mod common;
+
+use clinstream::config::Settings;
+use clinstream::lexicon::Lexicon;
+use clinstream::model::Note;
+use clinstream::stages::Pipeline;
+use clinstream::stages::clear::{self, Label, VariableDef, VariableResult};
+
+fn result(pipeline: &Pipeline, text: &str, variable: &str) -> VariableResult {
+    let doc = pipeline.analyse(Note::from_text("t", text.to_string()));
+    doc.variables.into_iter().find(|v| v.variable == variable).expect("variable evaluated")
+}
+
+fn def(name: &str, synonyms: &[&str]) -> VariableDef {
+    toml::from_str(&format!("name = \"{name}\"\nsynonyms = {:?}\n", synonyms)).unwrap()
+}
+
+fn settings_with_variables(defs: Vec<VariableDef>, window: usize, budget: usize) -> Settings {
+    let mut s = common::settings();
+    s.clear.variables = defs;
+    s.clear.window_words = window;
+    s.clear.token_budget = budget;
+    s
+}
+
+#[test]
+fn labels_for_each_kind_of_evidence() {
+    let p = Pipeline::new(&common::settings()).unwrap();
+    let cases = [
+        ("IMPRESSION: Small left pleural effusion.\n", "pleural_effusion", Label::Present),
+        ("IMPRESSION: No pleural effusion.\n", "pleural_effusion", Label::Absent),
+        ("IMPRESSION: Possible small pleural effusion.\n", "pleural_effusion", Label::Uncertain),
+        ("IMPRESSION: Clear lungs.\n", "pleural_effusion", Label::NotMentioned),
+        ("INDICATION: Rule out pneumonia.\nIMPRESSION: Clear lungs.\n", "pneumonia", Label::NotMentioned),
+        ("FINDINGS: No pneumothorax.\nIMPRESSION: Small apical pneumothorax.\n", "pneumothorax", Label::Present),
+        ("FINDINGS: Enlarged cardiac silhouette.\n", "cardiomegaly", Label::Present),
+        ("SOCIAL HISTORY: Smokes one pack per day.\n", "tobacco_use", Label::Present),
+        ("SOCIAL HISTORY: Quit smoking in 1990.\n", "tobacco_use", Label::Absent),
+        ("SOCIAL HISTORY: Denies alcohol.\n", "alcohol_use", Label::Absent),
+        ("SOCIAL HISTORY: He is homeless and lives in a shelter.\n", "homelessness", Label::Present),
+        ("FAMILY HISTORY: Mother with bipolar disorder.\n", "bipolar_disorder", Label::NotMentioned),
+        ("PAST MEDICAL HISTORY: Cirrhosis.\n", "liver_disease", Label::Present),
+        ("ASSESSMENT: Hepatitis C.\n", "liver_disease", Label::Present),
+        ("HPI: Denies suicidal ideation.\n", "suicidal_behaviour", Label::Absent),
+    ];
+    for (text, variable, expected) in cases {
+        let r = result(&p, text, variable);
+        assert_eq!(r.label, expected, "{variable} in {text:?}: {r:?}");
+    }
+}
+
+#[test]
+fn weighted_votes_favour_heavier_sections_and_report_confidence() {
+    let p = Pipeline::new(&common::settings()).unwrap();
+    // depression uses the weighted decision: the assessment (1.0) outweighs the review of systems (0.5).
+    let r = result(&p, "REVIEW OF SYSTEMS: No depression.\nASSESSMENT: Major depressive disorder.\n", "depression");
+    assert_eq!(r.label, Label::Present);
+    assert!((r.confidence - 1.0 / 1.5).abs() < 1e-3, "{}", r.confidence);
+    assert_eq!(r.mentions_found, 2);
+}
+
+#[test]
+fn windows_merge_and_respect_the_budget() {
+    let s = settings_with_variables(vec![def("widget", &["widget"])], 3, 1000);
+    let p = Pipeline::new(&s).unwrap();
+    // Two mentions 4 words apart: their ±3-word windows touch and merge into one.
+    let r = result(&p, "one two three widget a b c d widget x y z end\n", "widget");
+    assert_eq!(r.evidence.len(), 1);
+    assert_eq!(r.evidence[0].mentions.len(), 2);
+    // Far apart: two windows.
+    let far = format!("widget {} widget\n", "w ".repeat(50));
+    assert_eq!(result(&p, &far, "widget").evidence.len(), 2);
+
+    // The budget holds however long the note grows, and the best sections come first.
+    let s = settings_with_variables(vec![def("widget", &["widget"])], 20, 60);
+    let p = Pipeline::new(&s).unwrap();
+    let mut text = String::new();
+    for _ in 0..30 {
+        text.push_str(&format!("OTHER: {} widget {}\n", "filler ".repeat(30), "filler ".repeat(30)));
+    }
+    text.push_str(&format!("ASSESSMENT: {} widget {}\n", "word ".repeat(30), "word ".repeat(30)));
+    let r = result(&p, &text, "widget");
+    assert!(r.context_tokens <= 60, "{}", r.context_tokens);
+    assert!(r.context_tokens > 0);
+    assert!(r.evidence.iter().any(|w| w.section == "assessment"), "the heaviest window is kept: {:?}", r.evidence);
+    assert!(r.evidence.windows(2).all(|w| w[0].start < w[1].start), "evidence is reported in text order");
+    assert_eq!(r.mentions_found, 31);
+    let tokens: usize = r.evidence.iter().map(|w| w.tokens).sum();
+    assert_eq!(tokens, r.context_tokens);
+}
+
+#[test]
+fn section_filters() {
+    let mut d = def("widget", &["widget"]);
+    d.sections = vec!["assessment".into()];
+    let p = Pipeline::new(&settings_with_variables(vec![d], 150, 1000)).unwrap();
+    assert_eq!(result(&p, "HPI: widget.\n", "widget").label, Label::NotMentioned);
+    assert_eq!(result(&p, "ASSESSMENT: widget.\n", "widget").label, Label::Present);
+}
+
+#[test]
+fn definition_errors_name_the_variable_and_field() {
+    let lex = Lexicon::builtin();
+    let mut bad = def("Bad Name", &[]);
+    bad.concepts = vec!["DOID:does-not-exist".into()];
+    bad.sections = vec!["nowhere".into()];
+    let err = clear::compile(&[bad, def("dup", &["x"]), def("dup", &["y"])], 150, 1024, &lex).unwrap_err();
+    for expected in [
+        "name: must be snake_case",
+        "unknown concept id `DOID:does-not-exist`",
+        "unknown section `nowhere`",
+        "defined twice",
+    ] {
+        assert!(err.contains(expected), "missing {expected} in {err}");
+    }
+}
+
+#[test]
+fn descendants_are_targets() {
+    let p = Pipeline::new(&common::settings()).unwrap();
+    // Aspiration pneumonia is a child of pneumonia (DOID:552) in the Disease Ontology.
+    assert_eq!(result(&p, "IMPRESSION: Aspiration pneumonia.\n", "pneumonia").label, Label::Present);
+}
+
+#[test]
+fn eval_openi_on_a_small_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let reports = dir.path().join("reports.csv");
+    let labels = dir.path().join("labels.csv");
+    std::fs::write(
+        &reports,
+        "uid,MeSH,Problems,image,indication,comparison,findings,impression\n\
+         1,x,x,x,\"Cough, fever\",None.,\"The heart is enlarged. No pleural effusion.\",Cardiomegaly.\n\
+         2,x,x,x,Pain,,\"Lungs are clear.\",No acute disease.\n\
+         3,x,x,x,,,\"Small right pleural effusion.\",\"Effusion, no pneumothorax.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &labels,
+        "filename,Cardiomegaly,Effusion,Pneumonia,Pneumothorax,Edema\nCXR1,1,0,0,0,0\nCXR2,0,0,0,0,0\nCXR3,0,1,0,1,0\n",
+    )
+    .unwrap();
+    let p = Pipeline::new(&common::settings()).unwrap();
+    let r = clinstream::eval::openi::run(&p, &reports, &labels, false).unwrap();
+    assert_eq!(r.n, 3);
+    let c = &r.per_variable["cardiomegaly"];
+    assert_eq!((c.tp, c.fp, c.fn_), (1, 0, 0));
+    let e = &r.per_variable["pleural_effusion"];
+    assert_eq!((e.tp, e.fp, e.fn_), (1, 0, 0));
+    let x = &r.per_variable["pneumothorax"];
+    assert_eq!((x.tp, x.fp, x.fn_), (0, 0, 1), "a negated pneumothorax against a gold 1 is a miss");
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["per_variable"]["cardiomegaly"]["f1"].is_number() && json["macro_f1"].is_number());
+}
+
+#[test]
+fn eval_sdoh_on_a_small_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("sdoh.csv");
+    std::fs::write(
+        &csv,
+        "premise,hypothesis,label\n\
+         Smokes 1 ppd.,The person is currently a smoker.,True\n\
+         Smokes 1 ppd.,The person is currently not a smoker.,False\n\
+         Quit smoking 10 years ago.,The person was a smoker in the past.,True\n\
+         Quit smoking 10 years ago.,The person is currently a smoker.,False\n\
+         Never smoked.,The person wasn't a smoker in the past.,True\n\
+         Drinks wine socially.,The person currently drinks alcohol.,True\n\
+         Denies alcohol.,The person currently does not drink alcohol.,True\n\
+         Denies alcohol.,The person has access to transportation.,False\n",
+    )
+    .unwrap();
+    let p = Pipeline::new(&common::settings()).unwrap();
+    let r = clinstream::eval::sdoh::run(&p, &csv, false).unwrap();
+    assert_eq!(r.n, 7, "only smoking and alcohol statements are scored");
+    assert_eq!(r.accuracy, 1.0, "{r:?}");
+}
