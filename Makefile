@@ -8,11 +8,15 @@ CARGO ?= cargo
 BIN := $(CARGO_TARGET_DIR)/release/clinstream
 FUZZ_SECONDS ?= 60
 
-.PHONY: help build run test lint unit fuzz fmt clean
+SHARED ?= ../shared
+
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, and every test"
+	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
+	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
 
 build:
@@ -41,6 +45,18 @@ fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked --version 0.13.2
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pipeline -- -max_total_time=$(FUZZ_SECONDS)
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run text_stages -- -max_total_time=$(FUZZ_SECONDS)
+
+# Quality on the labelled development sets (paths outside the repository).
+eval: build
+	$(BIN) eval openi --reports $(SHARED)/eval/openi/indiana_reports_dev.csv --labels $(SHARED)/eval/openi/labels_dev.csv
+	$(BIN) eval negex --pairs $(SHARED)/eval/negex/context_dev_reports_1-60.tsv
+	$(BIN) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
+
+# Rebuild the compiled vocabularies in data/ from the open sources.
+vocab:
+	python3 tools/build_sections.py $(SHARED)/vocab
+	python3 tools/build_lexicon.py $(SHARED)/vocab
+	python3 tools/build_context.py $(SHARED)/vocab $(SHARED)/eval
 
 clean:
 	rm -rf out

@@ -71,6 +71,8 @@ pub struct Summary {
     pub skipped_resources: u64,
     pub bytes: u64,
     pub elapsed: Duration,
+    /// Compiling the lexicon and variables, before the first document.
+    pub startup: Duration,
     /// True when a shutdown signal cut the run short.
     pub interrupted: bool,
     pub outputs: Vec<PathBuf>,
@@ -113,6 +115,7 @@ impl fmt::Display for Summary {
             self.notes_per_second(),
             self.bytes as f64 / 1e6 / secs.max(1e-9)
         )?;
+        writeln!(f, "  {:<28}{:>8.2} s  (lexicon and variables)", "start-up", self.startup.as_secs_f64())?;
         for p in &self.outputs {
             writeln!(f, "  wrote {}", p.display())?;
         }
@@ -132,13 +135,15 @@ pub async fn run_files(
     opts: RunOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Summary, RunError> {
-    let started = Instant::now();
+    let startup = Instant::now();
     let plan = file::plan(&opts.inputs)?;
     let pipeline = Arc::new(Pipeline::new(settings).map_err(RunError::Config)?);
+    let startup = startup.elapsed();
+    let started = Instant::now();
     let progress = progress_bar(opts.progress, &plan);
     let mut sink =
         FileSink::create(&opts.out_dir, opts.include_text || settings.output.include_text, pipeline.compiled())?;
-    let mut summary = Summary { outputs: sink.paths().to_vec(), ..Summary::default() };
+    let mut summary = Summary { outputs: sink.paths().to_vec(), startup, ..Summary::default() };
     info!(
         files = plan.files.len(),
         stdin = plan.stdin,
