@@ -11,9 +11,10 @@ data/lexicon/LICENSES.md; nothing GPL, non-commercial or share-alike):
       E01/E02/E04 → procedure, E01.370.225 (clinical laboratory techniques) → lab;
       A01–A10, A14, A15, A17 → anatomy.
   * ICD-10-PCS body parts (CMS, public domain) → anatomy                VOCAB/icd10-pcs-procedures
-  * Vanderbilt clinical abbreviation inventories (CC BY 4.0)            VOCAB/clinical-abbreviations-metainventory-sources
+  * Vanderbilt and Stetson clinical abbreviation inventories (CC BY 4.0) VOCAB/clinical-abbreviations-metainventory-sources
       an abbreviation becomes a case-sensitive term of a concept when its dominant sense (≥ 70 % of uses)
-      names a lexicon concept; only the case variants seen in notes are added (HTN, htn — not Htn).
+      names a lexicon concept; only the case variants seen in notes are added (HTN, htn — not Htn); two-letter
+      forms only in upper case, and never the ambiguous ones (PE, MS, PT, CA, ...).
   * curated lab tests and stop list (clinstream, below).
 
 Variants: comma-inverted MeSH terms are un-inverted ("Effusion, Pleural" → "pleural effusion"); plural forms of the
@@ -135,6 +136,10 @@ bed beds chair wall walls cap caps band bands ring rings plate plates bridge cro
 base bases root roots stem stems trunk arch arches floor floors roof horn horns tail tails
 fat fats hair
 """.split())
+
+# Abbreviations with several common senses in notes: never entities on their own.
+AMBIGUOUS_ABBREVIATIONS = {"AD", "OP", "SB", "VL", "LE", "UE", "VS", "HD", "PE", "PT", "MS", "CP", "RV", "LV", "OA",
+                           "ED", "ER", "OR", "IV", "IM", "SC", "PR", "BS", "CT", "MR", "PA", "PD", "RA", "SA", "CA", "FT", "OT", "TM"}
 
 # Concepts whose names are too generic to be useful entities on their own (by preferred name, lower case).
 GENERIC = {"disease", "syndrome", "signs and symptoms", "pathologic processes", "therapeutics", "diagnosis",
@@ -363,8 +368,31 @@ def main() -> None:
                 continue
             for v in variation.split("|"):
                 form = v.rsplit("_", 1)[0].strip().strip(".,;:")
-                if len(form) >= 2 and form.isascii() and (form, True) not in terms and form.lower() not in STOP:
+                if len(form) >= 2 and form.isascii() and (form, True) not in terms and form.lower() not in STOP and form.upper() not in AMBIGUOUS_ABBREVIATIONS and (len(form) > 2 or form.isupper()):
                     terms[(form, True)] = (cid, "vanderbilt")
+
+    # Stetson sign-out inventory (no case variants recorded): single-sense abbreviations naming a concept, in
+    # upper and lower case.
+    with open(abbr_dir / "sense_distribution_448.txt", encoding="utf-8", errors="replace") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    stetson = defaultdict(list)
+    for row in rows[1:] if rows and not rows[0][-1].replace(".", "").isdigit() else rows:
+        if len(row) >= 3:
+            try:
+                stetson[row[0]].append((float(row[2]), row[1]))
+            except ValueError:
+                continue
+    for abbr, senses in stetson.items():
+        freq, sense = max(senses)
+        cid = by_term.get(norm(sense))
+        if cid is None or freq < 0.7 or len(abbr) < 2 or not abbr.isascii() or abbr.lower() in STOP:
+            continue
+        forms = {abbr.upper()} if len(abbr) < 3 else {abbr.upper(), abbr.lower()}
+        for form in forms:
+            if form in AMBIGUOUS_ABBREVIATIONS:
+                continue
+            if (form, True) not in terms:
+                terms[(form, True)] = (cid, "stetson")
 
     terms = {k: v for k, v in terms.items() if v[0] in concepts}
     used = {cid for cid, _ in terms.values()}
