@@ -6,9 +6,11 @@
 //! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
 //! * `error` — every error code with its disposition (dead-letter / retry / halt).
 //! * `eval` — evaluation commands over labelled sets (negex, openi, sdoh).
+//! * `kg` — the reference consumer of the knowledge-graph stream (materialize to JSON / GraphML).
 //! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
 //! * `model` — the FHIR subset (serde) and internal types (`Note`, `Section`, `Sentence`, `Document`).
-//! * `stages` — pure synchronous stages: decode, attachment, html, rtf, sections, sentences.
+//! * `stages` — pure synchronous stages: decode, attachment, html, rtf, sections, sentences, mentions,
+//!   assertion, clear (variables), kg (graph deltas).
 //! * `source` — event sources (`file`: NDJSON, Bundles, Bulk FHIR, stdin).
 //! * `sink` — outputs (`file`: notes.ndjson, dead_letters.ndjson) and their record types.
 //! * `telemetry` — logging (PHI-free, structured).
@@ -19,6 +21,7 @@ pub mod config;
 pub mod docs;
 pub mod error;
 pub mod eval;
+pub mod kg;
 pub mod lexicon;
 pub mod model;
 pub mod sink;

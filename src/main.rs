@@ -60,6 +60,11 @@ enum Command {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Knowledge-graph tools.
+    Kg {
+        #[command(subcommand)]
+        command: KgCommand,
+    },
     /// List the error codes with their dispositions.
     Errors {
         /// Print as a Markdown table (docs/errors.md).
@@ -96,6 +101,14 @@ enum EvalCommand {
         #[arg(long)]
         show_errors: bool,
     },
+    /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
+    KgSynthea {
+        /// A Synthea bulk-FHIR export directory (DocumentReference, Condition, MedicationRequest .000.ndjson).
+        #[arg(long)]
+        fhir: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// SDOH-NLI smoking and alcohol statements.
     Sdoh {
         #[arg(long)]
@@ -107,6 +120,18 @@ enum EvalCommand {
         /// Print each misjudged statement to stderr (development aid).
         #[arg(long)]
         show_errors: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KgCommand {
+    /// Apply knowledge-graph deltas in order and write the resulting graph (graph.json, graph.graphml).
+    Materialize {
+        /// kg.ndjson written by `clinstream run` (the Kafka topic comes with the Kafka source).
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long, short)]
+        out: PathBuf,
     },
 }
 
@@ -197,6 +222,14 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Eval { command: EvalCommand::KgSynthea { fhir, config } } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let r =
+                clinstream::eval::kg_synthea::run(&pipeline, &fhir).context("checking the graph against Synthea")?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Eval { command: EvalCommand::Sdoh { csv, config, json, show_errors } } => {
             let settings = Settings::load(config.as_deref()).context("loading configuration")?;
             let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
@@ -216,6 +249,26 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
             let text = if text == "-" { std::io::read_to_string(std::io::stdin())? } else { text };
             print!("{}", clinstream::docs::explain(&pipeline, text));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Kg { command: KgCommand::Materialize { input, out } } => {
+            let text = std::fs::read_to_string(&input).with_context(|| format!("reading {}", input.display()))?;
+            let mut graph = clinstream::kg::Graph::default();
+            let (mut applied, mut ignored) = (0, 0);
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let delta: clinstream::stages::kg::KgDelta = serde_json::from_str(line)
+                    .with_context(|| format!("{}: line {} is not a knowledge-graph delta", input.display(), i + 1))?;
+                if graph.apply(&delta) { applied += 1 } else { ignored += 1 }
+            }
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            std::fs::write(out.join("graph.json"), serde_json::to_string_pretty(&graph.to_json())?)?;
+            std::fs::write(out.join("graph.graphml"), graph.to_graphml())?;
+            println!(
+                "applied {applied} deltas ({ignored} ignored as stale or replaced): {} nodes, {} edges -> {}",
+                graph.node_count(),
+                graph.edge_count(),
+                out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Errors { markdown } => {

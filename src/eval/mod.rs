@@ -2,6 +2,7 @@
 //! itself). Each returns a serialisable report; `main` prints it as JSON or as a short table.
 
 pub mod csv;
+pub mod kg_synthea;
 pub mod negex;
 pub mod openi;
 pub mod sdoh;

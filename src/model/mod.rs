@@ -131,4 +131,6 @@ pub struct Document {
     pub sentences: Vec<Sentence>,
     pub mentions: Vec<crate::stages::mentions::Mention>,
     pub variables: Vec<crate::stages::clear::VariableResult>,
+    /// The document's knowledge-graph delta (computed last, from everything above).
+    pub kg: Option<crate::stages::kg::KgDelta>,
 }

@@ -1,5 +1,5 @@
 //! The file sink: `DIR/notes.ndjson` (one record per document), `DIR/variables.ndjson` (one record per document
-//! and CLEAR variable) and `DIR/dead_letters.ndjson` (one record per rejected event), both truncated at the start of a run. Records arrive in input order. Durable once `flush`
+//! and CLEAR variable), `DIR/kg.ndjson` (one knowledge-graph delta per document) and `DIR/dead_letters.ndjson` (one record per rejected event), both truncated at the start of a run. Records arrive in input order. Durable once `flush`
 //! returns (buffers written and files synced).
 
 use std::fs::File;
@@ -17,11 +17,13 @@ use crate::stages::Compiled;
 pub const NOTES_FILE: &str = "notes.ndjson";
 pub const DEAD_LETTERS_FILE: &str = "dead_letters.ndjson";
 pub const VARIABLES_FILE: &str = "variables.ndjson";
+pub const KG_FILE: &str = "kg.ndjson";
 
 pub struct FileSink {
     dir: PathBuf,
     notes: BufWriter<File>,
     variables: BufWriter<File>,
+    kg: BufWriter<File>,
     dead_letters: BufWriter<File>,
     include_text: bool,
     /// Resolves mention concepts to ids and preferred terms.
@@ -43,14 +45,20 @@ impl FileSink {
             dir: dir.to_path_buf(),
             notes: open(NOTES_FILE)?,
             variables: open(VARIABLES_FILE)?,
+            kg: open(KG_FILE)?,
             dead_letters: open(DEAD_LETTERS_FILE)?,
             include_text,
             compiled,
         })
     }
 
-    pub fn paths(&self) -> [PathBuf; 3] {
-        [self.dir.join(NOTES_FILE), self.dir.join(VARIABLES_FILE), self.dir.join(DEAD_LETTERS_FILE)]
+    pub fn paths(&self) -> [PathBuf; 4] {
+        [
+            self.dir.join(NOTES_FILE),
+            self.dir.join(VARIABLES_FILE),
+            self.dir.join(KG_FILE),
+            self.dir.join(DEAD_LETTERS_FILE),
+        ]
     }
 
     fn write_line(out: &mut BufWriter<File>, what: &str, value: &impl serde::Serialize) -> Result<(), SinkError> {
@@ -68,6 +76,9 @@ impl Sink for FileSink {
         for record in VariableRecord::all(doc, lexicon, self.include_text) {
             Self::write_line(&mut self.variables, VARIABLES_FILE, &record)?;
         }
+        if let Some(delta) = &doc.kg {
+            Self::write_line(&mut self.kg, KG_FILE, delta)?;
+        }
         Ok(())
     }
 
@@ -79,6 +90,7 @@ impl Sink for FileSink {
         for (out, what) in [
             (&mut self.notes, NOTES_FILE),
             (&mut self.variables, VARIABLES_FILE),
+            (&mut self.kg, KG_FILE),
             (&mut self.dead_letters, DEAD_LETTERS_FILE),
         ] {
             out.flush()

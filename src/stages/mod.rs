@@ -9,6 +9,7 @@ pub mod attachment;
 pub mod clear;
 pub mod decode;
 pub mod html;
+pub mod kg;
 pub mod mentions;
 pub mod rtf;
 pub mod sections;
@@ -104,7 +105,9 @@ impl Pipeline {
             &self.assertion,
         );
         let variables = clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables);
-        Document { note, sections, sentences, mentions, variables }
+        let mut doc = Document { note, sections, sentences, mentions, variables, kg: None };
+        doc.kg = Some(kg::delta(&doc, &self.compiled.lexicon, crate::sink::records::WORKER_VERSION));
+        doc
     }
 
     /// Runs every stage over one event.
