@@ -22,12 +22,14 @@ use tracing::{debug, error, info};
 
 use crate::config::Settings;
 use crate::error::{DocError, ErrorCode, Stage};
+use crate::health::{self, Readiness};
 use crate::model::Document;
 use crate::sink::file::FileSink;
 use crate::sink::{DeadLetter, Sink, SinkError};
 use crate::source::file::{self, Input};
 use crate::source::{Origin, SourceError, SourceEvent};
 use crate::stages::{Pipeline, Rejected};
+use crate::telemetry::metrics::metrics;
 
 /// What `clinstream run` was asked to do (file mode).
 #[derive(Debug, Clone)]
@@ -48,6 +50,8 @@ pub enum RunError {
     Sink(#[from] SinkError),
     #[error("invalid configuration:\n{0}")]
     Config(String),
+    #[error("could not listen on metrics.addr {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
 }
 
 impl RunError {
@@ -56,6 +60,7 @@ impl RunError {
             RunError::Source(_) => ErrorCode::SourceIo,
             RunError::Sink(_) => ErrorCode::SinkIo,
             RunError::Config(_) => ErrorCode::ConfigInvalid,
+            RunError::Listen { .. } => ErrorCode::ListenFailed,
         }
     }
 }
@@ -123,10 +128,27 @@ impl fmt::Display for Summary {
     }
 }
 
-/// An event's processing: still running on the pool, or rejected without it (oversized).
+/// An event's processing: still running on the pool, finished, or rejected without it (oversized).
 enum Pending {
     Task(JoinHandle<Result<Document, Rejected>>),
+    Done(Result<Document, Rejected>),
     Rejected(Rejected),
+}
+
+/// The oldest in-flight task's result (pending forever when the front is not a running task).
+async fn front_done(in_flight: &mut VecDeque<(Origin, Pending)>) -> Result<Document, Rejected> {
+    match in_flight.front_mut() {
+        Some((origin, Pending::Task(task))) => task.await.unwrap_or_else(|join_error| panicked(origin, join_error)),
+        _ => std::future::pending().await,
+    }
+}
+
+fn panicked(origin: &Origin, join_error: tokio::task::JoinError) -> Result<Document, Rejected> {
+    error!(origin = %origin, panic = join_error.is_panic(), "A stage failed unexpectedly.");
+    Err(Rejected {
+        error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
+        doc_id: None,
+    })
 }
 
 /// Runs the file source through the stages into the file sink.
@@ -136,9 +158,21 @@ pub async fn run_files(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Summary, RunError> {
     let startup = Instant::now();
+    let readiness = Readiness::default();
+    if settings.metrics.enabled {
+        let addr = health::serve(&settings.metrics.addr, readiness.clone())
+            .await
+            .map_err(|source| RunError::Listen { addr: settings.metrics.addr.clone(), source })?;
+        info!(addr = %addr, "Serving /metrics, /healthz and /readyz.");
+    }
     let plan = file::plan(&opts.inputs)?;
     let pipeline = Arc::new(Pipeline::new(settings).map_err(RunError::Config)?);
     let startup = startup.elapsed();
+    let m = metrics();
+    m.startup_duration.set(startup.as_secs_f64());
+    m.build_info
+        .with_label_values(&[crate::sink::records::WORKER_VERSION, pipeline.lexicon().version(), "none", "none"])
+        .set(1);
     let started = Instant::now();
     let progress = progress_bar(opts.progress, &plan);
     let mut sink =
@@ -157,6 +191,7 @@ pub async fn run_files(
     let capacity = settings.pipeline.in_flight;
     let mut in_flight: VecDeque<(Origin, Pending)> = VecDeque::with_capacity(capacity);
     let mut failure: Option<RunError> = None;
+    readiness.set(true);
     tokio::pin!(shutdown);
 
     loop {
@@ -167,12 +202,34 @@ pub async fn run_files(
             }
             continue;
         }
+        // Hand finished documents to the sink as soon as the oldest is done, not only when the queue is full: a
+        // slow source must not hold results (and, with Kafka, acknowledgements) back.
+        while matches!(in_flight.front(), Some((_, Pending::Rejected(_)))) {
+            if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
+                failure = Some(e.into());
+                break;
+            }
+        }
+        if failure.is_some() {
+            break;
+        }
+        let front_is_task = matches!(in_flight.front(), Some((_, Pending::Task(_))));
         let item = tokio::select! {
             biased;
             _ = &mut shutdown => {
                 info!(in_flight = in_flight.len(), "Shutdown requested; finishing in-flight documents.");
                 summary.interrupted = true;
                 break;
+            }
+            done = front_done(&mut in_flight), if front_is_task => {
+                if let Some(front) = in_flight.front_mut() {
+                    front.1 = Pending::Done(done);
+                }
+                if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
+                    failure = Some(e.into());
+                    break;
+                }
+                continue;
             }
             item = rx.recv() => item,
         };
@@ -184,6 +241,8 @@ pub async fn run_files(
             }
             Some(Ok(SourceEvent::Record(envelope))) => {
                 summary.read += 1;
+                m.documents_consumed.inc();
+                m.in_flight.inc();
                 let pipeline = Arc::clone(&pipeline);
                 let origin = envelope.origin.clone();
                 let task = tokio::task::spawn_blocking(move || pipeline.process(&envelope.payload));
@@ -191,6 +250,8 @@ pub async fn run_files(
             }
             Some(Ok(SourceEvent::Oversized { origin, bytes })) => {
                 summary.read += 1;
+                m.documents_consumed.inc();
+                m.in_flight.inc();
                 let error = DocError::new(
                     ErrorCode::MessageTooLarge,
                     Stage::Source,
@@ -199,6 +260,7 @@ pub async fn run_files(
                 in_flight.push_back((origin, Pending::Rejected(Rejected { error, doc_id: None })));
             }
             Some(Ok(SourceEvent::Progress(bytes))) => {
+                m.input_bytes.inc_by(bytes.saturating_sub(summary.bytes));
                 summary.bytes = bytes;
                 progress.set_position(bytes);
             }
@@ -221,6 +283,7 @@ pub async fn run_files(
         failure.get_or_insert(e.into());
     }
     progress.finish_and_clear();
+    readiness.set(false);
     if !summary.interrupted {
         // The reader has sent everything (the channel closed), so it is finishing; join it.
         let _ = tokio::task::spawn_blocking(move || reader.join()).await;
@@ -248,20 +311,31 @@ async fn finish_oldest(
     let Some((origin, pending)) = in_flight.pop_front() else { return Ok(()) };
     let result = match pending {
         Pending::Rejected(r) => Err(r),
-        Pending::Task(task) => task.await.unwrap_or_else(|join_error| {
-            error!(origin = %origin, panic = join_error.is_panic(), "A stage failed unexpectedly.");
-            Err(Rejected {
-                error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
-                doc_id: None,
-            })
-        }),
+        Pending::Done(r) => r,
+        Pending::Task(task) => task.await.unwrap_or_else(|join_error| panicked(&origin, join_error)),
     };
+    let m = metrics();
+    m.in_flight.dec();
     match result {
         Ok(doc) => {
+            let clock = Instant::now();
             sink.document(&doc, &origin)?;
             summary.written += 1;
+            m.documents_finished.with_label_values(&["written"]).inc();
+            for (stage, took) in doc.timings.stages() {
+                m.stage_duration.with_label_values(&[stage]).observe(took.as_secs_f64());
+            }
+            m.stage_duration.with_label_values(&["sink"]).observe(clock.elapsed().as_secs_f64());
+            for mention in &doc.mentions {
+                m.mentions.with_label_values(&[mention.kind.as_str()]).inc();
+            }
+            for v in &doc.variables {
+                m.context_tokens.observe(v.context_tokens as f64);
+            }
         }
         Err(Rejected { error, doc_id }) => {
+            m.documents_finished.with_label_values(&["dead_lettered"]).inc();
+            m.dead_letters.with_label_values(&[error.code.as_str()]).inc();
             debug!(code = error.code.as_str(), stage = error.stage.as_str(), origin = %origin, "Event dead-lettered.");
             *summary.dead_letters.entry(error.code).or_default() += 1;
             sink.dead_letter(&DeadLetter { error, origin, doc_id })?;

@@ -32,7 +32,15 @@ pub struct Settings {
     pub clear: ClearSettings,
     pub output: OutputSettings,
     pub pipeline: PipelineSettings,
+    pub metrics: MetricsSettings,
     pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSettings {
+    pub enabled: bool,
+    pub addr: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -200,6 +208,9 @@ impl Settings {
         }
         if self.pipeline.workers > 1024 {
             problems.push("pipeline.workers: must be at most 1024 (0 = one per core)".to_string());
+        }
+        if self.metrics.addr.parse::<std::net::SocketAddr>().is_err() {
+            problems.push(format!("metrics.addr: `{}` is not host:port (e.g. 0.0.0.0:9464)", self.metrics.addr));
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));

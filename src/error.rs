@@ -109,6 +109,7 @@ error_codes! {
     InternalError => "internal_error", DeadLetter, "A stage failed unexpectedly (a bug); the event is dead-lettered and the run goes on.";
     SourceIo => "source_io", Halt, "The input could not be read (file missing, permission, I/O error).";
     SinkIo => "sink_io", Halt, "An output could not be written.";
+    ListenFailed => "listen_failed", Halt, "The metrics and health address (`metrics.addr`) could not be bound.";
     ConfigInvalid => "config_invalid", Halt, "The configuration is invalid (see the message for the key).";
 }
 

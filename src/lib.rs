@@ -6,6 +6,7 @@
 //! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
 //! * `error` — every error code with its disposition (dead-letter / retry / halt).
 //! * `eval` — evaluation commands over labelled sets (negex, openi, sdoh).
+//! * `health` — `/metrics`, `/healthz`, `/readyz` on `metrics.addr`.
 //! * `kg` — the reference consumer of the knowledge-graph stream (materialize to JSON / GraphML).
 //! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
 //! * `model` — the FHIR subset (serde) and internal types (`Note`, `Section`, `Sentence`, `Document`).
@@ -13,7 +14,7 @@
 //!   assertion, clear (variables), kg (graph deltas).
 //! * `source` — event sources (`file`: NDJSON, Bundles, Bulk FHIR, stdin).
 //! * `sink` — outputs (`file`: notes.ndjson, dead_letters.ndjson) and their record types.
-//! * `telemetry` — logging (PHI-free, structured).
+//! * `telemetry` — logging (PHI-free, structured) and every metric name (`telemetry::metrics`).
 //! * `docs` — tables generated from the code for docs/.
 
 pub mod app;
@@ -21,6 +22,7 @@ pub mod config;
 pub mod docs;
 pub mod error;
 pub mod eval;
+pub mod health;
 pub mod kg;
 pub mod lexicon;
 pub mod model;

@@ -19,6 +19,8 @@ fn clinstream() -> Command {
         }
     }
     cmd.env("CLINSTREAM__LOG__FORMAT", "json");
+    // Tests run in parallel: each worker serves metrics on a free port.
+    cmd.env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0");
     cmd
 }
 

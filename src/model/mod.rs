@@ -133,4 +133,5 @@ pub struct Document {
     pub variables: Vec<crate::stages::clear::VariableResult>,
     /// The document's knowledge-graph delta (computed last, from everything above).
     pub kg: Option<crate::stages::kg::KgDelta>,
+    pub timings: crate::stages::Timings,
 }

@@ -22,6 +22,30 @@ use crate::error::DocError;
 use crate::lexicon::Lexicon;
 use crate::model::Document;
 
+/// Time spent in each stage for one document (recorded as metrics by the runner).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    pub decode: std::time::Duration,
+    pub sections: std::time::Duration,
+    pub sentences: std::time::Duration,
+    pub entities: std::time::Duration,
+    pub variables: std::time::Duration,
+    pub kg: std::time::Duration,
+}
+
+impl Timings {
+    pub fn stages(&self) -> [(&'static str, std::time::Duration); 6] {
+        [
+            ("decode", self.decode),
+            ("sections", self.sections),
+            ("sentences", self.sentences),
+            ("entities", self.entities),
+            ("variables", self.variables),
+            ("kg", self.kg),
+        ]
+    }
+}
+
 /// Why one event produced no document: the error, and the document id when it was read before the failure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rejected {
@@ -94,8 +118,18 @@ impl Pipeline {
 
     /// The text stages after decoding: sections, sentences, mentions, variables.
     pub fn analyse(&self, note: crate::model::Note) -> Document {
+        let clock = std::time::Instant::now();
+        let mut timings = Timings::default();
+        let lap = |slot: &mut std::time::Duration, last: &mut std::time::Duration| {
+            let now = clock.elapsed();
+            *slot = now - *last;
+            *last = now;
+        };
+        let mut last = std::time::Duration::ZERO;
         let sections = sections::split(&note.text, &self.sections);
+        lap(&mut timings.sections, &mut last);
         let sentences = sentences::split(&note.text, &sections, &self.sentences);
+        lap(&mut timings.sentences, &mut last);
         let mentions = mentions::extract(
             &note.text,
             &sections,
@@ -104,17 +138,24 @@ impl Pipeline {
             assertion::ContextRules::builtin(),
             &self.assertion,
         );
+        lap(&mut timings.entities, &mut last);
         let variables = clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables);
-        let mut doc = Document { note, sections, sentences, mentions, variables, kg: None };
+        lap(&mut timings.variables, &mut last);
+        let mut doc = Document { note, sections, sentences, mentions, variables, kg: None, timings };
         doc.kg = Some(kg::delta(&doc, &self.compiled.lexicon, crate::sink::records::WORKER_VERSION));
+        lap(&mut doc.timings.kg, &mut last);
         doc
     }
 
     /// Runs every stage over one event.
     pub fn process(&self, bytes: &[u8]) -> Result<Document, Rejected> {
+        let clock = std::time::Instant::now();
         let doc = decode::parse(bytes, &self.decode).map_err(|error| Rejected { error, doc_id: None })?;
         let doc_id = doc.id.clone().filter(|id| decode::is_valid_id(id));
         let note = decode::note_from(doc, &self.decode).map_err(|error| Rejected { error, doc_id })?;
-        Ok(self.analyse(note))
+        let decode = clock.elapsed();
+        let mut doc = self.analyse(note);
+        doc.timings.decode = decode;
+        Ok(doc)
     }
 }

@@ -1,6 +1,8 @@
 //! Logging set-up. Logs are structured fields, never note text, names or identifiers: events carry codes,
 //! stages, counts and input positions (file and line), not document ids or values.
 
+pub mod metrics;
+
 use std::io::IsTerminal;
 
 use crate::config::{LogFormat, LogSettings};

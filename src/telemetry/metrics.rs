@@ -1,0 +1,135 @@
+//! Every Prometheus metric the worker exports, spelled in this one file (dashboards and alerts are built from
+//! these names only; `tests/ops.rs` checks the dashboard against `NAMES`). Labels are low-cardinality: stage,
+//! outcome, error code, entity kind, versions — never ids or text.
+//!
+//! The registry is process-wide (`metrics()`); the runner records what the stages measured (`Timings` on the
+//! document) once per document, so the stages themselves stay free of side effects.
+
+use std::sync::OnceLock;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric family name exported (without the `_bucket`/`_sum`/`_count` suffixes of histograms).
+pub const NAMES: &[&str] = &[
+    DOCUMENTS_CONSUMED,
+    DOCUMENTS_FINISHED,
+    DEAD_LETTERS,
+    STAGE_DURATION,
+    IN_FLIGHT,
+    INPUT_BYTES,
+    MENTIONS,
+    CONTEXT_TOKENS,
+    STARTUP_DURATION,
+    BUILD_INFO,
+];
+
+pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
+pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
+pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
+pub const STAGE_DURATION: &str = "clinstream_stage_duration_seconds";
+pub const IN_FLIGHT: &str = "clinstream_in_flight_documents";
+pub const INPUT_BYTES: &str = "clinstream_input_bytes_total";
+pub const MENTIONS: &str = "clinstream_mentions_total";
+pub const CONTEXT_TOKENS: &str = "clinstream_clear_context_tokens";
+pub const STARTUP_DURATION: &str = "clinstream_startup_duration_seconds";
+pub const BUILD_INFO: &str = "clinstream_build_info";
+
+pub struct Metrics {
+    registry: Registry,
+    pub documents_consumed: IntCounter,
+    /// `outcome`: written | dead_lettered.
+    pub documents_finished: IntCounterVec,
+    /// `error_code`: an `ErrorCode::as_str()`.
+    pub dead_letters: IntCounterVec,
+    /// `stage`: decode | sections | sentences | entities | variables | kg | sink.
+    pub stage_duration: HistogramVec,
+    pub in_flight: IntGauge,
+    pub input_bytes: IntCounter,
+    /// `kind`: the six entity kinds.
+    pub mentions: IntCounterVec,
+    /// Context tokens kept per (document, variable) — the CLEAR budget at work.
+    pub context_tokens: Histogram,
+    pub startup_duration: prometheus::Gauge,
+    /// Always 1; labels `version`, `lexicon_version`, `model`, `execution_provider`.
+    pub build_info: IntGaugeVec,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+    r.register(Box::new(m.clone())).expect("metric names are unique");
+    m
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let r = Registry::new();
+        let latency =
+            vec![0.00002, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
+        Metrics {
+            documents_consumed: register(
+                &r,
+                IntCounter::new(DOCUMENTS_CONSUMED, "Events taken from the source.").unwrap(),
+            ),
+            documents_finished: register(
+                &r,
+                IntCounterVec::new(Opts::new(DOCUMENTS_FINISHED, "Events finished, by outcome."), &["outcome"])
+                    .unwrap(),
+            ),
+            dead_letters: register(
+                &r,
+                IntCounterVec::new(Opts::new(DEAD_LETTERS, "Dead-lettered events, by error code."), &["error_code"])
+                    .unwrap(),
+            ),
+            stage_duration: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(STAGE_DURATION, "Time per document in each stage.").buckets(latency),
+                    &["stage"],
+                )
+                .unwrap(),
+            ),
+            in_flight: register(&r, IntGauge::new(IN_FLIGHT, "Documents being processed now.").unwrap()),
+            input_bytes: register(&r, IntCounter::new(INPUT_BYTES, "Bytes of input consumed.").unwrap()),
+            mentions: register(
+                &r,
+                IntCounterVec::new(Opts::new(MENTIONS, "Entity mentions found, by kind."), &["kind"]).unwrap(),
+            ),
+            context_tokens: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(CONTEXT_TOKENS, "Context tokens kept per document and CLEAR variable.")
+                        .buckets(vec![0.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0]),
+                )
+                .unwrap(),
+            ),
+            startup_duration: register(
+                &r,
+                prometheus::Gauge::new(STARTUP_DURATION, "Time to compile the lexicon and variables.").unwrap(),
+            ),
+            build_info: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(BUILD_INFO, "Build and model information (always 1)."),
+                    &["version", "lexicon_version", "model", "execution_provider"],
+                )
+                .unwrap(),
+            ),
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding never fails");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
+}
