@@ -131,7 +131,7 @@ impl fmt::Display for Summary {
 /// An event's processing: still running on the pool, finished, or rejected without it (oversized).
 enum Pending {
     Task(JoinHandle<Result<Document, Rejected>>),
-    Done(Result<Document, Rejected>),
+    Done(Box<Result<Document, Rejected>>),
     Rejected(Rejected),
 }
 
@@ -223,7 +223,7 @@ pub async fn run_files(
             }
             done = front_done(&mut in_flight), if front_is_task => {
                 if let Some(front) = in_flight.front_mut() {
-                    front.1 = Pending::Done(done);
+                    front.1 = Pending::Done(Box::new(done));
                 }
                 if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
                     failure = Some(e.into());
@@ -311,7 +311,7 @@ async fn finish_oldest(
     let Some((origin, pending)) = in_flight.pop_front() else { return Ok(()) };
     let result = match pending {
         Pending::Rejected(r) => Err(r),
-        Pending::Done(r) => r,
+        Pending::Done(r) => *r,
         Pending::Task(task) => task.await.unwrap_or_else(|join_error| panicked(&origin, join_error)),
     };
     let m = metrics();
