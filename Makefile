@@ -10,11 +10,14 @@ FUZZ_SECONDS ?= 60
 
 SHARED ?= ../shared
 
-.PHONY: help build run test lint unit fuzz fmt clean eval vocab
+HELM_SDK_VERSION := 0.2.2
+
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, and every test"
+	@echo "make tools  install prometheus/promtool (Debian) and helm-python-sdk (PyPI) for the ops tests"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
@@ -28,7 +31,17 @@ run: build
 	if [ $$rc -eq 3 ]; then echo "(exit 3: finished with dead letters, see out/dead_letters.ndjson)"; \
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
-test: lint unit
+test: tools lint unit
+
+# Real components for the operations tests: Debian's prometheus (promtool + server) and PyPI helm-python-sdk
+# (the Helm library) in .tools/helm. Skipped when already present; needs root for apt-get (the build machines run
+# as root; elsewhere install prometheus yourself — the tests say SKIPPED when a tool is missing).
+tools:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null || \
+	    echo "warning: could not install prometheus (Debian package); its tests will be skipped"; }
+	@test -f .tools/helm/helm_python/__init__.py || \
+	  python3 -m pip install -q --disable-pip-version-check --target .tools/helm helm-python-sdk==$(HELM_SDK_VERSION)
 
 lint:
 	$(CARGO) fmt --check

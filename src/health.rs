@@ -35,12 +35,18 @@ pub async fn serve(addr: &str, readiness: Readiness) -> std::io::Result<SocketAd
             let Ok((mut stream, _)) = listener.accept().await else { continue };
             let readiness = readiness.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let n = match tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf)).await {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-                let request = String::from_utf8_lossy(&buf[..n]);
+                // Read up to the end of the headers (a request may arrive in several segments; answering and
+                // closing early would reset the connection while the client is still writing).
+                let mut buf = Vec::with_capacity(1024);
+                let mut chunk = [0u8; 1024];
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+                    match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+                        Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+                        Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let request = String::from_utf8_lossy(&buf);
                 let mut parts = request.split_whitespace();
                 let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
                 let path = path.split('?').next().unwrap_or("");

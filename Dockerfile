@@ -1,0 +1,42 @@
+# clinstream container. Two variants from one file:
+#   docker build -t clinstream:cpu .
+#   docker build -t clinstream:cuda --build-arg VARIANT=cuda .
+# The CUDA variant runs on an NVIDIA CUDA 13 + cuDNN 9 runtime base and carries the onnxruntime-gpu libraries
+# (used once the embedding stage lands); the CPU variant is a slim Debian base. Both run as a non-root user with
+# a read-only root filesystem in the Helm chart.
+ARG VARIANT=cpu
+ARG RUST_IMAGE=rust:1.95-bookworm
+ARG CPU_BASE=debian:bookworm-slim
+ARG CUDA_BASE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04
+
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src src
+COPY config config
+COPY data data
+RUN cargo build --release --locked && strip target/release/clinstream
+
+# ONNX Runtime for the embedding stage, from PyPI wheels (no CDN): CPU or GPU build.
+FROM python:3.11-slim AS ort
+ARG VARIANT
+RUN mkdir -p /ort && cd /tmp && \
+    if [ "$VARIANT" = "cuda" ]; then pkg=onnxruntime-gpu; else pkg=onnxruntime; fi && \
+    pip download --no-deps --only-binary=:all: "$pkg==1.31.1" && \
+    python -c "import glob,zipfile; z=zipfile.ZipFile(glob.glob('/tmp/onnxruntime*.whl')[0]); [z.extract(n,'/tmp/x') for n in z.namelist() if n.startswith('onnxruntime/capi/lib')]" && \
+    cp /tmp/x/onnxruntime/capi/lib* /ort/
+
+FROM ${CPU_BASE} AS runtime-cpu
+FROM ${CUDA_BASE} AS runtime-cuda
+
+FROM runtime-${VARIANT}
+RUN groupadd --system --gid 10001 clinstream && useradd --system --uid 10001 --gid 10001 --no-create-home clinstream
+COPY --from=build /src/target/release/clinstream /usr/local/bin/clinstream
+COPY --from=ort /ort /opt/onnxruntime
+ENV ORT_DYLIB_PATH=/opt/onnxruntime/libonnxruntime.so.1.31.1 \
+    CLINSTREAM__LOG__FORMAT=json \
+    CLINSTREAM__METRICS__ADDR=0.0.0.0:9464
+USER 10001:10001
+EXPOSE 9464
+ENTRYPOINT ["/usr/local/bin/clinstream"]
+CMD ["run", "--input", "/data/input", "--out", "/data/output", "--no-progress"]

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""Writes dashboards/clinstream.json (Grafana) from the metric names in src/telemetry/metrics.rs.
+
+Run from the repository root: python3 tools/build_dashboard.py. tests/ops.rs checks every metric the dashboard
+queries is exported by the worker."""
+import json
+panels=[]
+DS={"type":"prometheus","uid":"${datasource}"}
+def s(m, extra=""):
+    inner = 'namespace=~"$namespace", pod=~"$pod"' + (", " + extra if extra else "")
+    return m + "{" + inner + "}"
+def panel(title, exprs, unit, x, y, legend, w=12, h=8):
+    targets=[{"expr":e,"legendFormat":legend[i],"refId":chr(65+i),"datasource":DS} for i,e in enumerate(exprs)]
+    panels.append({"id":len(panels)+1,"type":"timeseries","title":title,"gridPos":{"x":x,"y":y,"w":w,"h":h},
+                   "datasource":DS,"fieldConfig":{"defaults":{"unit":unit},"overrides":[]},"targets":targets,"options":{}})
+dl = 'outcome="dead_lettered"'
+panel("Throughput (documents/s)", ["sum(rate(%s[5m]))" % s("clinstream_documents_consumed_total"), "sum by (outcome) (rate(%s[5m]))" % s("clinstream_documents_finished_total")], "ops", 0,0, ["consumed","{{outcome}}"])
+panel("Dead letters by reason (/s)", ["sum by (error_code) (rate(%s[5m]))" % s("clinstream_dead_letters_total")], "ops", 12,0, ["{{error_code}}"])
+panel("Stage latency p50 per document", ["histogram_quantile(0.5, sum by (le, stage) (rate(%s[5m])))" % s("clinstream_stage_duration_seconds_bucket")], "s", 0,8, ["{{stage}}"])
+panel("Stage latency p99 per document", ["histogram_quantile(0.99, sum by (le, stage) (rate(%s[5m])))" % s("clinstream_stage_duration_seconds_bucket")], "s", 12,8, ["{{stage}}"])
+panel("In-flight documents", ["sum by (pod) (%s)" % s("clinstream_in_flight_documents")], "short", 0,16, ["{{pod}}"])
+panel("Input (bytes/s)", ["sum(rate(%s[5m]))" % s("clinstream_input_bytes_total")], "Bps", 12,16, ["input"])
+panel("CLEAR context tokens per note and variable", ["histogram_quantile(0.5, sum by (le) (rate(%s[5m])))" % s("clinstream_clear_context_tokens_bucket"), "histogram_quantile(0.99, sum by (le) (rate(%s[5m])))" % s("clinstream_clear_context_tokens_bucket")], "short", 0,24, ["p50","p99"])
+panel("Mentions by entity kind (/s)", ["sum by (kind) (rate(%s[5m]))" % s("clinstream_mentions_total")], "ops", 12,24, ["{{kind}}"])
+panel("Dead-letter share of finished documents", ["sum(rate(%s[5m])) / clamp_min(sum(rate(%s[5m])), 1e-9)" % (s("clinstream_documents_finished_total", dl), s("clinstream_documents_finished_total"))], "percentunit", 0,32, ["dead-lettered share"])
+panel("Start-up time", ["max by (pod) (%s)" % s("clinstream_startup_duration_seconds")], "s", 12,32, ["{{pod}}"])
+panels.append({"id":len(panels)+1,"type":"table","title":"Build info","gridPos":{"x":0,"y":40,"w":24,"h":6},"datasource":DS,
+  "targets":[{"expr":"max by (pod, version, lexicon_version, model, execution_provider) (%s)" % s("clinstream_build_info"),"format":"table","instant":True,"refId":"A","datasource":DS}],
+  "fieldConfig":{"defaults":{},"overrides":[]},"options":{}})
+dash={"title":"clinstream","uid":"clinstream","schemaVersion":39,"version":1,"editable":True,"time":{"from":"now-6h","to":"now"},
+ "refresh":"30s","tags":["clinstream"],
+ "templating":{"list":[
+   {"name":"datasource","type":"datasource","query":"prometheus","current":{}},
+   {"name":"namespace","type":"query","datasource":DS,"query":"label_values(clinstream_build_info, namespace)","includeAll":True,"multi":True,"current":{}},
+   {"name":"pod","type":"query","datasource":DS,"query":"label_values(clinstream_build_info{namespace=~\"$namespace\"}, pod)","includeAll":True,"multi":True,"current":{}}]},
+ "panels":panels,"annotations":{"list":[]}}
+open('dashboards/clinstream.json','w').write(json.dumps(dash, indent=2)+"\n")
