@@ -193,9 +193,15 @@ pub fn assert_sentence(
         .filter(|h| !inside_mention(h.start, h.end))
         .collect();
     let is_terminator = |h: &CueHit| rules.cues[h.phrase as usize].iter().any(|c| c.category == Category::Terminate);
-    // A scope is blocked between a and b by a termination cue or a semicolon.
+    // Scope breakers (termination cues and semicolons), in text order, found once per sentence.
+    let mut breakers: Vec<(usize, usize)> =
+        hits.iter().filter(|h| is_terminator(h)).map(|h| (h.start, h.end)).collect();
+    breakers.extend(sent.match_indices(';').map(|(i, _)| (s0 + i, s0 + i + 1)));
+    breakers.sort_unstable();
+    // A scope is blocked between a and b when a breaker lies inside it.
     let blocked = |a: usize, b: usize| {
-        text[a..b].contains(';') || hits.iter().any(|h| h.start >= a && h.end <= b && is_terminator(h))
+        let first = breakers.partition_point(|&(start, _)| start < a);
+        breakers[first..].iter().take_while(|&&(start, _)| start < b).any(|&(_, end)| end <= b)
     };
     let distance = |a: usize, b: usize| count_words(text, a, b, mentions);
 

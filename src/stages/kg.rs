@@ -275,8 +275,9 @@ pub fn delta(doc: &Document, lexicon: &Lexicon, worker_version: &str) -> KgDelta
             !(a.negated || a.family || a.hypothetical || a.uncertain)
         })
         .collect();
+    // Mentions are in text order, so those of one section are contiguous: only pairs within a section can relate.
     for (i, a) in usable.iter().enumerate() {
-        for b in &usable[i + 1..] {
+        for b in usable[i + 1..].iter().take_while(|b| b.section == a.section) {
             let Some((edge_type, swapped)) = pair_type(a.kind, b.kind) else { continue };
             let same_sentence = a.sentence == b.sentence;
             let same_plan_section = a.section == b.section && PLAN_SECTIONS.contains(&doc.sections[a.section].name);
@@ -284,10 +285,14 @@ pub fn delta(doc: &Document, lexicon: &Lexicon, worker_version: &str) -> KgDelta
                 continue;
             }
             let confidence = if same_sentence {
-                let between = &note.text[a.end.min(b.start)..b.start.max(a.end)].to_ascii_lowercase();
-                let padded = format!(" {} ", between.split_whitespace().collect::<Vec<_>>().join(" "));
+                let between = &note.text[a.end.min(b.start)..b.start.max(a.end)];
                 let words = between.split_whitespace().count();
-                if words <= 6 && RELATION_CUES.iter().any(|c| padded.contains(c)) { 0.9 } else { 0.5 }
+                let cued = words <= 6 && {
+                    let padded =
+                        format!(" {} ", between.split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_lowercase());
+                    RELATION_CUES.iter().any(|c| padded.contains(c))
+                };
+                if cued { 0.9 } else { 0.5 }
             } else {
                 0.3
             };
