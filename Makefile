@@ -12,12 +12,13 @@ SHARED ?= ../shared
 
 HELM_SDK_VERSION := 0.2.2
 
-.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, and every test"
 	@echo "make tools  install prometheus/promtool (Debian) and helm-python-sdk (PyPI) for the ops tests"
+	@echo "make bench  text stages beside medSpaCy on MTSamples (SHARED), results in bench/results/"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
@@ -64,6 +65,10 @@ eval: build
 	$(BIN) eval openi --reports $(SHARED)/eval/openi/indiana_reports_dev.csv --labels $(SHARED)/eval/openi/labels_dev.csv
 	$(BIN) eval negex --pairs $(SHARED)/eval/negex/context_dev_reports_1-60.tsv
 	$(BIN) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
+
+# Benchmarks beside medSpaCy on the MTSamples notes in SHARED (BENCH_LIMIT=N for a quicker run).
+bench:
+	bash bench/run.sh $(SHARED) $(BENCH_LIMIT)
 
 # Rebuild the compiled vocabularies in data/ from the open sources.
 vocab:

@@ -3,6 +3,7 @@
 //!
 //! Module map:
 //! * `app` — wiring: source → stages → sinks, backpressure, shutdown, the run summary.
+//! * `bench` — benchmark helpers (`clinstream bench text`).
 //! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
 //! * `error` — every error code with its disposition (dead-letter / retry / halt).
 //! * `eval` — evaluation commands over labelled sets (negex, openi, sdoh).
@@ -18,6 +19,7 @@
 //! * `docs` — tables generated from the code for docs/.
 
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod docs;
 pub mod error;

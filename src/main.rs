@@ -60,6 +60,11 @@ enum Command {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Benchmark helpers (see bench/run.sh and `make bench`).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Knowledge-graph tools.
     Kg {
         #[command(subcommand)]
@@ -120,6 +125,25 @@ enum EvalCommand {
         /// Print each misjudged statement to stderr (development aid).
         #[arg(long)]
         show_errors: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Time the text stages on a CSV of notes (MTSamples: column `transcription`) and print JSON.
+    Text {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Threads for the all-cores run (default: one per core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Also write the variables' target terms (JSON) for the medSpaCy side of the comparison.
+        #[arg(long)]
+        targets_out: Option<PathBuf>,
     },
 }
 
@@ -249,6 +273,18 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
             let text = if text == "-" { std::io::read_to_string(std::io::stdin())? } else { text };
             print!("{}", clinstream::docs::explain(&pipeline, text));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Text { csv, column, limit, threads, targets_out } } => {
+            let settings = Settings::load(None).context("loading configuration")?;
+            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            if let Some(path) = targets_out {
+                std::fs::write(&path, serde_json::to_string(&clinstream::bench::target_terms(&pipeline))?)?;
+            }
+            let events = clinstream::bench::events(&csv, &column, limit).context("reading the corpus")?;
+            let threads = threads.unwrap_or_else(|| settings.worker_threads());
+            let r = clinstream::bench::text(&pipeline, &events, threads, settings.clear.token_budget);
+            println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Kg { command: KgCommand::Materialize { input, out } } => {

@@ -39,7 +39,7 @@ pub enum EvalError {
     Format { path: String, why: String },
 }
 
-pub(crate) fn read(path: &std::path::Path) -> Result<String, EvalError> {
+pub fn read(path: &std::path::Path) -> Result<String, EvalError> {
     std::fs::read_to_string(path).map_err(|source| EvalError::Io { path: path.display().to_string(), source })
 }
 

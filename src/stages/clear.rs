@@ -147,6 +147,11 @@ impl Variable {
     pub fn name(&self) -> &str {
         &self.def.name
     }
+
+    /// Concept indexes this variable targets (its concepts, their descendants, its synonyms' concepts).
+    pub fn targets(&self) -> &HashSet<u32> {
+        &self.targets
+    }
 }
 
 /// Compiles variable definitions: checks them, adds their synonyms to the lexicon, expands their targets.

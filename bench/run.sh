@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# make bench: the text stages of clinstream beside medSpaCy on the same MTSamples notes, one machine, one run.
+# Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes; default all 4,966 non-empty notes)
+# Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${1:-../shared}
+LIMIT=${2:-}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/clinstream/target}
+WORK=$CARGO_TARGET_DIR/bench
+mkdir -p "$WORK" bench/results
+cargo build --release --locked -q
+BIN=$CARGO_TARGET_DIR/release/clinstream
+
+if [ ! -x .tools/bench-venv/bin/python ] || ! .tools/bench-venv/bin/python -c "import medspacy" 2>/dev/null; then
+  python3 -m venv .tools/bench-venv
+  .tools/bench-venv/bin/pip install -q --disable-pip-version-check medspacy==1.3.1
+fi
+
+gzip -dc "$SHARED/corpora/mtsamples/mtsamples.csv.gz" > "$WORK/mtsamples.csv"
+echo "clinstream text stages..." >&2
+"$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
+echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
+.tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
+
+python3 - "$WORK" <<'PY'
+import json, os, platform, subprocess, sys, datetime
+work = sys.argv[1]
+c = json.load(open(f"{work}/clinstream.json"))
+m = json.load(open(f"{work}/medspacy.json"))
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+single = {s["stage"]: s for s in c["single_thread"]}
+ours = single["all"]["notes_per_s"]
+result = {
+    "date": datetime.date.today().isoformat(),
+    "machine": {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release()},
+    "command": "make bench SHARED=../shared",
+    "clinstream": c,
+    "medspacy": m,
+    "ratios": {
+        "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
+        "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
+    },
+}
+path = f"bench/results/{result['date']}.json"
+json.dump(result, open(path, "w"), indent=2)
+print(f"machine: {cpu}, {os.cpu_count()} cores; notes: {c['notes']} ({c['bytes']/1e6:.1f} MB)")
+print(f"{'stage':<12}{'notes/s':>10}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}   (one thread)")
+for s in c["single_thread"]:
+    print(f"{s['stage']:<12}{s['notes_per_s']:>10.0f}{s['mb_per_s']:>9.1f}{s['p50_ms']:>9.3f}{s['p99_ms']:>9.3f}")
+print(f"all stages on {c['threads']} threads: {c['all_cores_notes_per_s']:.0f} notes/s ({c['all_cores_notes_per_s_per_core']:.0f} per core)")
+for run, r in m["runs"].items():
+    print(f"medSpaCy ({run}): {r['notes_per_s']:.1f} notes/s, {r['mentions']} target mentions; clinstream/medSpaCy = {ours / r['notes_per_s']:.0f}x per core")
+print(f"clinstream target mentions: {c['target_mentions']}")
+print("CLEAR context tokens (largest variable per note) by note length:")
+for b in c["clear_budget"]:
+    to = b["words_to"] or "+"
+    print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
+print(f"wrote {path}")
+PY

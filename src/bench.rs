@@ -1,0 +1,175 @@
+//! Benchmark helpers (`clinstream bench text`): the text stages on a corpus of real notes, per stage and all
+//! together, single-threaded and on every core, with p50/p99 per note, the number of variable-target mentions
+//! (to compare with another tool on equal terms) and the CLEAR context tokens per note against note length.
+//! `bench/run.sh` (`make bench`) runs it beside medSpaCy and writes `bench/results/<date>.json`.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde::Serialize;
+
+use crate::eval::{EvalError, csv, read};
+use crate::stages::Pipeline;
+use crate::stages::clear::word_spans;
+
+#[derive(Debug, Serialize)]
+pub struct StageRate {
+    pub stage: &'static str,
+    pub seconds: f64,
+    pub notes_per_s: f64,
+    pub mb_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BudgetBin {
+    pub words_from: usize,
+    pub words_to: Option<usize>,
+    pub notes: usize,
+    /// Mean and max over notes of the largest context-token count of any variable.
+    pub mean_context_tokens: f64,
+    pub max_context_tokens: usize,
+    pub mean_note_tokens: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TextBench {
+    pub notes: usize,
+    pub bytes: usize,
+    /// One thread: each stage, then all of them together (`all`).
+    pub single_thread: Vec<StageRate>,
+    pub threads: usize,
+    /// All stages on `threads` threads.
+    pub all_cores_notes_per_s: f64,
+    pub all_cores_notes_per_s_per_core: f64,
+    pub target_mentions: usize,
+    pub token_budget: usize,
+    pub clear_budget: Vec<BudgetBin>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Wraps each note's text as a DocumentReference event (so decoding is measured too).
+pub fn events(csv_path: &Path, column: &str, limit: Option<usize>) -> Result<Vec<Vec<u8>>, EvalError> {
+    let rows = csv::records(&read(csv_path)?);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.get(column).filter(|t| !t.trim().is_empty()))
+        .take(limit.unwrap_or(usize::MAX))
+        .enumerate()
+        .map(|(i, text)| {
+            serde_json::to_vec(&serde_json::json!({
+                "resourceType": "DocumentReference", "id": format!("bench-{i}"), "status": "current",
+                "content": [{"attachment": {"contentType": "text/plain; charset=utf-8", "data": b64.encode(text)}}]
+            }))
+            .expect("JSON")
+        })
+        .collect())
+}
+
+pub fn text(pipeline: &Pipeline, events: &[Vec<u8>], threads: usize, token_budget: usize) -> TextBench {
+    let targets: HashSet<u32> = pipeline.variables().iter().flat_map(|v| v.targets().iter().copied()).collect();
+    let bytes: usize = events.iter().map(Vec::len).sum();
+    let mut per_stage: Vec<(&'static str, Vec<f64>)> = Vec::new();
+    let mut totals = Vec::with_capacity(events.len());
+    let mut target_mentions = 0;
+    let mut lengths = Vec::with_capacity(events.len());
+    for e in events {
+        let Ok(doc) = pipeline.process(e) else { continue };
+        let stages = doc.timings.stages();
+        if per_stage.is_empty() {
+            per_stage = stages.iter().map(|(s, _)| (*s, Vec::with_capacity(events.len()))).collect();
+        }
+        for (slot, (_, took)) in per_stage.iter_mut().zip(stages) {
+            slot.1.push(took.as_secs_f64());
+        }
+        totals.push(stages.iter().map(|(_, d)| d.as_secs_f64()).sum::<f64>());
+        target_mentions += doc.mentions.iter().filter(|m| targets.contains(&m.concept)).count();
+        let words = word_spans(&doc.note.text).len();
+        let context = doc.variables.iter().map(|v| v.context_tokens).max().unwrap_or(0);
+        lengths.push((words, context, crate::stages::clear::count_tokens(&doc.note.text)));
+    }
+    let rate = |stage: &'static str, times: &[f64]| {
+        let seconds: f64 = times.iter().sum();
+        let mut sorted = times.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        StageRate {
+            stage,
+            seconds,
+            notes_per_s: times.len() as f64 / seconds.max(1e-12),
+            mb_per_s: bytes as f64 / 1e6 / seconds.max(1e-12),
+            p50_ms: percentile(&sorted, 0.5) * 1e3,
+            p99_ms: percentile(&sorted, 0.99) * 1e3,
+        }
+    };
+    let mut single_thread: Vec<StageRate> = per_stage.iter().map(|(s, t)| rate(s, t)).collect();
+    single_thread.push(rate("all", &totals));
+
+    // All cores: the same events split across threads, wall-clock time.
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for chunk in events.chunks(events.len().div_ceil(threads.max(1)).max(1)) {
+            scope.spawn(move || {
+                for e in chunk {
+                    let _ = std::hint::black_box(pipeline.process(e));
+                }
+            });
+        }
+    });
+    let wall = start.elapsed().max(Duration::from_nanos(1)).as_secs_f64();
+    let all_cores = events.len() as f64 / wall;
+
+    let edges = [0usize, 250, 500, 1000, 2000];
+    let clear_budget = edges
+        .iter()
+        .enumerate()
+        .map(|(i, &from)| {
+            let to = edges.get(i + 1).copied();
+            let bin: Vec<&(usize, usize, usize)> =
+                lengths.iter().filter(|(w, _, _)| *w >= from && to.is_none_or(|t| *w < t)).collect();
+            let n = bin.len().max(1) as f64;
+            BudgetBin {
+                words_from: from,
+                words_to: to,
+                notes: bin.len(),
+                mean_context_tokens: bin.iter().map(|b| b.1 as f64).sum::<f64>() / n,
+                max_context_tokens: bin.iter().map(|b| b.1).max().unwrap_or(0),
+                mean_note_tokens: bin.iter().map(|b| b.2 as f64).sum::<f64>() / n,
+            }
+        })
+        .collect();
+    TextBench {
+        notes: totals.len(),
+        bytes,
+        single_thread,
+        threads,
+        all_cores_notes_per_s: all_cores,
+        all_cores_notes_per_s_per_core: all_cores / threads.max(1) as f64,
+        target_mentions,
+        token_budget,
+        clear_budget,
+    }
+}
+
+/// The variables' target terms, for configuring another tool's matcher with the same terms.
+pub fn target_terms(pipeline: &Pipeline) -> Vec<serde_json::Value> {
+    let lex = pipeline.lexicon();
+    let mut out = Vec::new();
+    for v in pipeline.variables() {
+        for (term, concept) in lex.terms() {
+            if v.targets().contains(&concept) {
+                out.push(serde_json::json!({"literal": term, "category": v.name()}));
+            }
+        }
+    }
+    out
+}
