@@ -40,18 +40,6 @@ pub fn explain(pipeline: &crate::stages::Pipeline, text: String) -> String {
     }
     for m in &doc.mentions {
         let c = pipeline.lexicon().concept(m.concept);
-        let a = m.assertion;
-        let flags: Vec<&str> = [
-            (a.negated, "negated"),
-            (a.uncertain, "uncertain"),
-            (a.historical, "historical"),
-            (a.family, "family"),
-            (a.hypothetical, "hypothetical"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| *n)
-        .collect();
         let _ = writeln!(
             out,
             "mention {:<10} {:?} -> {} {:?} [{}] in {}",
@@ -59,7 +47,7 @@ pub fn explain(pipeline: &crate::stages::Pipeline, text: String) -> String {
             &t[m.start..m.end],
             c.id,
             c.preferred,
-            if flags.is_empty() { "affirmed".to_string() } else { flags.join(", ") },
+            m.assertion.short(),
             doc.sections[m.section].name
         );
     }

@@ -229,8 +229,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Eval { command: EvalCommand::Openi { reports, labels, config, json, show_errors } } => {
-            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
-            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let (_, pipeline) = pipeline(config.as_deref())?;
             let r = clinstream::eval::openi::run(&pipeline, &reports, &labels, show_errors)
                 .context("evaluating on Open-i")?;
             if json {
@@ -247,16 +246,14 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Eval { command: EvalCommand::KgSynthea { fhir, config } } => {
-            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
-            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let (_, pipeline) = pipeline(config.as_deref())?;
             let r =
                 clinstream::eval::kg_synthea::run(&pipeline, &fhir).context("checking the graph against Synthea")?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Eval { command: EvalCommand::Sdoh { csv, config, json, show_errors } } => {
-            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
-            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let (_, pipeline) = pipeline(config.as_deref())?;
             let r = clinstream::eval::sdoh::run(&pipeline, &csv, show_errors).context("evaluating on SDOH-NLI")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -269,15 +266,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Explain { text, config } => {
-            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
-            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let (_, pipeline) = pipeline(config.as_deref())?;
             let text = if text == "-" { std::io::read_to_string(std::io::stdin())? } else { text };
             print!("{}", clinstream::docs::explain(&pipeline, text));
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { command: BenchCommand::Text { csv, column, limit, threads, targets_out } } => {
-            let settings = Settings::load(None).context("loading configuration")?;
-            let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+            let (settings, pipeline) = pipeline(None)?;
             if let Some(path) = targets_out {
                 std::fs::write(&path, serde_json::to_string(&clinstream::bench::target_terms(&pipeline))?)?;
             }
@@ -312,6 +307,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
+fn pipeline(config: Option<&std::path::Path>) -> anyhow::Result<(Settings, clinstream::stages::Pipeline)> {
+    let settings = Settings::load(config).context("loading configuration")?;
+    let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
+    Ok((settings, pipeline))
 }
 
 /// Resolves on SIGINT or SIGTERM.

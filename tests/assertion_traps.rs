@@ -93,15 +93,7 @@ const TRAPS: &[(&str, &str)] = &[
 ];
 
 fn flags(a: &Assertion) -> String {
-    let mut f = Vec::new();
-    for (on, name) in
-        [(a.negated, "neg"), (a.uncertain, "unc"), (a.historical, "hist"), (a.family, "fam"), (a.hypothetical, "hyp")]
-    {
-        if on {
-            f.push(name);
-        }
-    }
-    if f.is_empty() { "aff".to_string() } else { f.join(" ") }
+    a.short()
 }
 
 #[test]

@@ -78,25 +78,13 @@ fn render_mentions(pipeline: &Pipeline, text: &str) -> String {
     let doc = pipeline.analyse(clinstream::model::Note::from_text("t", text.to_string()));
     let mut out = String::new();
     for m in &doc.mentions {
-        let a = m.assertion;
-        let flags: Vec<&str> = [
-            (a.negated, "neg"),
-            (a.uncertain, "unc"),
-            (a.historical, "hist"),
-            (a.family, "fam"),
-            (a.hypothetical, "hyp"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| *n)
-        .collect();
         let c = pipeline.lexicon().concept(m.concept);
         out.push_str(&format!(
             "{:<10} {:<32} {:<16} {:<9} {}\n",
             m.kind.as_str(),
             format!("{:?}", &text[m.start..m.end]),
             c.id,
-            if flags.is_empty() { "aff".to_string() } else { flags.join(",") },
+            m.assertion.short().replace(' ', ","),
             doc.sections[m.section].name
         ));
     }

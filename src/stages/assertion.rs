@@ -64,6 +64,22 @@ impl Assertion {
     pub fn is_affirmed(&self) -> bool {
         !(self.negated || self.uncertain || self.historical || self.family || self.hypothetical)
     }
+
+    /// The flags that are set, as short names (`neg unc hist fam hyp`), or `aff` when none is.
+    pub fn short(&self) -> String {
+        let names: Vec<&str> = [
+            (self.negated, "neg"),
+            (self.uncertain, "unc"),
+            (self.historical, "hist"),
+            (self.family, "fam"),
+            (self.hypothetical, "hyp"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect();
+        if names.is_empty() { "aff".to_string() } else { names.join(" ") }
+    }
 }
 
 /// Scope limits.
