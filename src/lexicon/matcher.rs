@@ -58,11 +58,16 @@ impl PhraseMatcher {
         if !needs_normalising(text) {
             return self.find_all_normalised(text);
         }
-        let (normalised, map) = normalise_whitespace(text);
+        let (normalised, shifts) = normalise_whitespace(text);
+        let to_original = |pos: usize| {
+            // The last shift at or before `pos` gives the offset to add.
+            let i = shifts.partition_point(|&(at, _)| at <= pos);
+            pos + if i == 0 { 0 } else { shifts[i - 1].1 }
+        };
         let mut found = self.find_all_normalised(&normalised);
         for m in &mut found {
-            m.start = map[m.start];
-            m.end = map[m.end - 1] + 1;
+            m.start = to_original(m.start);
+            m.end = to_original(m.end - 1) + 1;
         }
         found
     }
@@ -98,26 +103,29 @@ fn needs_normalising(text: &str) -> bool {
     b.iter().any(|&c| c == b'\n' || c == b'\t' || c == b'\r') || b.windows(2).any(|w| w == b"  ")
 }
 
-/// Collapses runs of ASCII whitespace to one space; `map[i]` is the original byte offset of normalised byte `i`.
-fn normalise_whitespace(text: &str) -> (String, Vec<usize>) {
+/// Collapses runs of ASCII whitespace to one space. Returns the text and its shifts: `(normalised offset, bytes
+/// removed before it)` at each point where the removed count grows, so an offset maps back with one binary
+/// search (a sparse map, not one entry per byte).
+fn normalise_whitespace(text: &str) -> (String, Vec<(usize, usize)>) {
     let mut out = String::with_capacity(text.len());
-    let mut map = Vec::with_capacity(text.len());
+    let mut shifts = Vec::new();
     let mut in_space = false;
     for (i, c) in text.char_indices() {
         if c.is_ascii_whitespace() {
             if !in_space {
                 out.push(' ');
-                map.push(i);
             }
             in_space = true;
             continue;
         }
         in_space = false;
-        let before = out.len();
+        let removed = i - out.len();
+        if shifts.last().map_or(0, |&(_, r)| r) != removed {
+            shifts.push((out.len(), removed));
+        }
         out.push(c);
-        map.extend((0..out.len() - before).map(|k| i + k));
     }
-    (out, map)
+    (out, shifts)
 }
 
 /// Keeps leftmost-longest non-overlapping matches from matches sorted by (start, longest first).

@@ -91,8 +91,14 @@ pub fn stable_id(prefix: &str, parts: &[&str]) -> String {
         h.update([0x1f]);
     }
     let digest = h.finalize();
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}{hex}")
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(prefix.len() + 16);
+    id.push_str(prefix);
+    for b in &digest[..8] {
+        id.push(HEX[(b >> 4) as usize] as char);
+        id.push(HEX[(b & 0xf) as usize] as char);
+    }
+    id
 }
 
 fn assertion_name(a: &Assertion) -> Option<&'static str> {
