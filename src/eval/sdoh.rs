@@ -60,9 +60,8 @@ pub struct SdohReport {
     pub per_hypothesis: BTreeMap<String, HypothesisScore>,
 }
 
-/// The status of a variable in a note, from its evidence mentions.
-pub fn status(pipeline: &Pipeline, text: &str, variable: &str) -> Status {
-    let doc = pipeline.analyse(Note::from_text("sdoh", format!("SOCIAL HISTORY: {text}\n")));
+/// The status of a variable from its evidence mentions in an analysed note.
+fn status_in(doc: &crate::model::Document, variable: &str) -> Status {
     let Some(v) = doc.variables.iter().find(|v| v.variable == variable) else { return Status::Unknown };
     let mentions: Vec<_> = v.evidence.iter().flat_map(|w| &w.mentions).filter(|m| !m.assertion.family).collect();
     if mentions.is_empty() {
@@ -80,9 +79,19 @@ pub fn status(pipeline: &Pipeline, text: &str, variable: &str) -> Status {
     }
 }
 
+/// The status of a variable in a social-history snippet.
+pub fn status(pipeline: &Pipeline, text: &str, variable: &str) -> Status {
+    status_in(&analyse(pipeline, text), variable)
+}
+
+fn analyse(pipeline: &Pipeline, text: &str) -> crate::model::Document {
+    pipeline.analyse(Note::from_text("sdoh", format!("SOCIAL HISTORY: {text}\n")))
+}
+
 pub fn run(pipeline: &Pipeline, path: &Path, show_errors: bool) -> Result<SdohReport, EvalError> {
     let rows = csv::records(&read(path)?);
-    let mut cache: BTreeMap<(String, &str), Status> = BTreeMap::new();
+    // Each premise is analysed once; both variables' statuses come from that one analysis.
+    let mut cache: BTreeMap<String, (Status, Status)> = BTreeMap::new();
     let mut per: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for r in &rows {
         let (Some(premise), Some(hypothesis), Some(label)) = (r.get("premise"), r.get("hypothesis"), r.get("label"))
@@ -93,8 +102,11 @@ pub fn run(pipeline: &Pipeline, path: &Path, show_errors: bool) -> Result<SdohRe
             });
         };
         let Some(&(_, variable, claim)) = HYPOTHESES.iter().find(|(h, _, _)| h == hypothesis) else { continue };
-        let status =
-            *cache.entry((premise.clone(), variable)).or_insert_with(|| self::status(pipeline, premise, variable));
+        let (tobacco, alcohol) = *cache.entry(premise.clone()).or_insert_with(|| {
+            let doc = analyse(pipeline, premise);
+            (status_in(&doc, "tobacco_use"), status_in(&doc, "alcohol_use"))
+        });
+        let status = if variable == "tobacco_use" { tobacco } else { alcohol };
         let predicted = match claim {
             Claim::Current => status == Status::Current,
             Claim::NotCurrent => matches!(status, Status::Former | Status::Never),
