@@ -11,13 +11,15 @@ FUZZ_SECONDS ?= 60
 SHARED ?= ../shared
 
 HELM_SDK_VERSION := 0.2.2
+NOIDA_VERSION := 0.2.3
 
-.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench kafka
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, and every test"
-	@echo "make tools  install prometheus/promtool (Debian) and helm-python-sdk (PyPI) for the ops tests"
+	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
+	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
 	@echo "make bench  text stages beside medSpaCy on MTSamples (SHARED), results in bench/results/"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
@@ -34,22 +36,26 @@ run: build
 
 test: tools lint unit
 
-# Real components for the operations tests: Debian's prometheus (promtool + server) and PyPI helm-python-sdk
-# (the Helm library) in .tools/helm. Skipped when already present; needs root for apt-get (the build machines run
-# as root; elsewhere install prometheus yourself — the tests say SKIPPED when a tool is missing).
+# Real components for the tests: Debian's prometheus (promtool + server), PyPI helm-python-sdk (the Helm library)
+# in .tools/helm, and PyPI noida-db (a Kafka-protocol broker binary) in .tools/noida. Skipped when already present;
+# needs root for apt-get (the build machines run as root; elsewhere install prometheus yourself — those tests say
+# SKIPPED when it is missing). `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests
+# at another cluster with CLINSTREAM_TEST_KAFKA=host:port.
 tools:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null || \
 	    echo "warning: could not install prometheus (Debian package); its tests will be skipped"; }
 	@test -f .tools/helm/helm_python/__init__.py || \
 	  python3 -m pip install -q --disable-pip-version-check --target .tools/helm helm-python-sdk==$(HELM_SDK_VERSION)
+	@test -x .tools/noida/noida_db/noida-db || \
+	  python3 -m pip install -q --disable-pip-version-check --target .tools/noida noida-db==$(NOIDA_VERSION)
 
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
 unit:
-	$(CARGO) test --locked
+	CLINSTREAM_REQUIRE_KAFKA=1 $(CARGO) test --locked
 
 fmt:
 	$(CARGO) fmt
@@ -75,6 +81,10 @@ vocab:
 	python3 tools/build_sections.py $(SHARED)/vocab
 	python3 tools/build_lexicon.py $(SHARED)/vocab
 	python3 tools/build_context.py $(SHARED)/vocab $(SHARED)/eval
+
+# A local broker for trying Kafka mode (see docs/kafka.md); Ctrl-C stops it, data stays in .tools/kafka-data.
+kafka: tools
+	.tools/noida/noida_db/noida-db start --only kafka --host 127.0.0.1 --kafka-port 9092 --data-dir .tools/kafka-data
 
 clean:
 	rm -rf out

@@ -52,6 +52,9 @@ pub enum RunError {
     Config(String),
     #[error("could not listen on metrics.addr {addr}: {source}")]
     Listen { addr: String, source: std::io::Error },
+    /// Kafka mode: a failure that stops the worker without committing (the message is PHI-free).
+    #[error("{code}: {detail}")]
+    Kafka { code: ErrorCode, detail: String },
 }
 
 impl RunError {
@@ -61,6 +64,7 @@ impl RunError {
             RunError::Sink(_) => ErrorCode::SinkIo,
             RunError::Config(_) => ErrorCode::ConfigInvalid,
             RunError::Listen { .. } => ErrorCode::ListenFailed,
+            RunError::Kafka { code, .. } => *code,
         }
     }
 }
@@ -129,7 +133,7 @@ impl fmt::Display for Summary {
 }
 
 /// An event's processing: still running on the pool, finished, or rejected without it (oversized).
-enum Pending {
+pub(crate) enum Pending {
     Task(JoinHandle<Result<Document, Rejected>>),
     Done(Box<Result<Document, Rejected>>),
     Rejected(Rejected),
@@ -138,9 +142,61 @@ enum Pending {
 /// The oldest in-flight task's result (pending forever when the front is not a running task).
 async fn front_done(in_flight: &mut VecDeque<(Origin, Pending)>) -> Result<Document, Rejected> {
     match in_flight.front_mut() {
-        Some((origin, Pending::Task(task))) => task.await.unwrap_or_else(|join_error| panicked(origin, join_error)),
+        Some((origin, pending)) => task_done(origin, pending).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A running task's result (pending forever when `pending` is not a running task).
+pub(crate) async fn task_done(origin: &Origin, pending: &mut Pending) -> Result<Document, Rejected> {
+    match pending {
+        Pending::Task(task) => task.await.unwrap_or_else(|join_error| panicked(origin, join_error)),
         _ => std::future::pending().await,
     }
+}
+
+/// The result of an in-flight entry, waiting for it if it still runs.
+pub(crate) async fn into_result(origin: &Origin, pending: Pending) -> Result<Document, Rejected> {
+    match pending {
+        Pending::Rejected(r) => Err(r),
+        Pending::Done(r) => *r,
+        Pending::Task(task) => task.await.unwrap_or_else(|join_error| panicked(origin, join_error)),
+    }
+}
+
+/// Serves /metrics, /healthz and /readyz when enabled; the returned readiness starts false.
+pub(crate) async fn start_health(settings: &Settings) -> Result<Readiness, RunError> {
+    let readiness = Readiness::default();
+    if settings.metrics.enabled {
+        let addr = health::serve(&settings.metrics.addr, readiness.clone())
+            .await
+            .map_err(|source| RunError::Listen { addr: settings.metrics.addr.clone(), source })?;
+        info!(addr = %addr, "Serving /metrics, /healthz and /readyz.");
+    }
+    Ok(readiness)
+}
+
+/// Metrics of a document whose outputs were handed to the sink (`sink_took`: the sink's share).
+pub(crate) fn observe_document(doc: &Document, sink_took: Duration) {
+    let m = metrics();
+    m.documents_finished.with_label_values(&["written"]).inc();
+    for (stage, took) in doc.timings.stages() {
+        m.stage_duration.with_label_values(&[stage]).observe(took.as_secs_f64());
+    }
+    m.stage_duration.with_label_values(&["sink"]).observe(sink_took.as_secs_f64());
+    for mention in &doc.mentions {
+        m.mentions.with_label_values(&[mention.kind.as_str()]).inc();
+    }
+    for v in &doc.variables {
+        m.context_tokens.observe(v.context_tokens as f64);
+    }
+}
+
+/// Metrics of a dead-lettered event.
+pub(crate) fn observe_dead_letter(code: ErrorCode) {
+    let m = metrics();
+    m.documents_finished.with_label_values(&["dead_lettered"]).inc();
+    m.dead_letters.with_label_values(&[code.as_str()]).inc();
 }
 
 fn panicked(origin: &Origin, join_error: tokio::task::JoinError) -> Result<Document, Rejected> {
@@ -158,13 +214,7 @@ pub async fn run_files(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Summary, RunError> {
     let startup = Instant::now();
-    let readiness = Readiness::default();
-    if settings.metrics.enabled {
-        let addr = health::serve(&settings.metrics.addr, readiness.clone())
-            .await
-            .map_err(|source| RunError::Listen { addr: settings.metrics.addr.clone(), source })?;
-        info!(addr = %addr, "Serving /metrics, /healthz and /readyz.");
-    }
+    let readiness = start_health(settings).await?;
     let plan = file::plan(&opts.inputs)?;
     let pipeline = Arc::new(Pipeline::new(settings).map_err(RunError::Config)?);
     let startup = startup.elapsed();
@@ -309,33 +359,17 @@ async fn finish_oldest(
     summary: &mut Summary,
 ) -> Result<(), SinkError> {
     let Some((origin, pending)) = in_flight.pop_front() else { return Ok(()) };
-    let result = match pending {
-        Pending::Rejected(r) => Err(r),
-        Pending::Done(r) => *r,
-        Pending::Task(task) => task.await.unwrap_or_else(|join_error| panicked(&origin, join_error)),
-    };
-    let m = metrics();
-    m.in_flight.dec();
+    let result = into_result(&origin, pending).await;
+    metrics().in_flight.dec();
     match result {
         Ok(doc) => {
             let clock = Instant::now();
             sink.document(&doc, &origin)?;
             summary.written += 1;
-            m.documents_finished.with_label_values(&["written"]).inc();
-            for (stage, took) in doc.timings.stages() {
-                m.stage_duration.with_label_values(&[stage]).observe(took.as_secs_f64());
-            }
-            m.stage_duration.with_label_values(&["sink"]).observe(clock.elapsed().as_secs_f64());
-            for mention in &doc.mentions {
-                m.mentions.with_label_values(&[mention.kind.as_str()]).inc();
-            }
-            for v in &doc.variables {
-                m.context_tokens.observe(v.context_tokens as f64);
-            }
+            observe_document(&doc, clock.elapsed());
         }
         Err(Rejected { error, doc_id }) => {
-            m.documents_finished.with_label_values(&["dead_lettered"]).inc();
-            m.dead_letters.with_label_values(&[error.code.as_str()]).inc();
+            observe_dead_letter(error.code);
             debug!(code = error.code.as_str(), stage = error.stage.as_str(), origin = %origin, "Event dead-lettered.");
             *summary.dead_letters.entry(error.code).or_default() += 1;
             sink.dead_letter(&DeadLetter { error, origin, doc_id })?;

@@ -34,6 +34,98 @@ pub struct Settings {
     pub pipeline: PipelineSettings,
     pub metrics: MetricsSettings,
     pub log: LogSettings,
+    pub kafka: KafkaSettings,
+}
+
+/// Kafka mode (docs/kafka.md). The three passthrough maps go to librdkafka unchanged; secrets in them are
+/// redacted by key when settings are printed.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub enabled: bool,
+    pub bootstrap_servers: String,
+    pub group_id: String,
+    /// Static group membership (`group.instance.id`): a restarted replica with the same id takes its
+    /// partitions back at once instead of waiting for the old member's session to expire. Empty = dynamic.
+    pub group_instance_id: String,
+    pub topics: Vec<String>,
+    pub variables_topic: String,
+    pub kg_topic: String,
+    pub dlq_topic: String,
+    pub create_topics: bool,
+    pub create_partitions: i32,
+    pub replication_factor: i32,
+    pub transactions: bool,
+    pub transactional_id: String,
+    pub commit_interval_ms: u64,
+    pub pause_after_ms: u64,
+    pub drain_timeout_ms: u64,
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+    pub halt_after_ms: u64,
+    pub dead_letters: DeadLetterLimit,
+    #[serde(default, deserialize_with = "librdkafka_properties")]
+    pub common: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "librdkafka_properties")]
+    pub consumer: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "librdkafka_properties")]
+    pub producer: BTreeMap<String, String>,
+}
+
+/// A librdkafka property value as the config layers deliver it: the `config` crate splits dotted keys
+/// (`"fetch.wait.max.ms"`) into nested tables and may parse values into numbers or booleans.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PropValue {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Nested(BTreeMap<String, PropValue>),
+}
+
+fn flatten_props(prefix: &str, map: BTreeMap<String, PropValue>, out: &mut BTreeMap<String, String>) {
+    for (k, v) in map {
+        let key = if prefix.is_empty() { k } else { format!("{prefix}.{k}") };
+        match v {
+            PropValue::Text(s) => drop(out.insert(key, s)),
+            PropValue::Int(i) => drop(out.insert(key, i.to_string())),
+            PropValue::Float(f) => drop(out.insert(key, f.to_string())),
+            PropValue::Bool(b) => drop(out.insert(key, b.to_string())),
+            PropValue::Nested(m) => flatten_props(&key, m, out),
+        }
+    }
+}
+
+/// Reads a passthrough map back into flat librdkafka property names.
+fn librdkafka_properties<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let nested = BTreeMap::<String, PropValue>::deserialize(d)?;
+    let mut out = BTreeMap::new();
+    flatten_props("", nested, &mut out);
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterLimit {
+    pub window: usize,
+    pub max_ratio: f64,
+    pub max_consecutive: u64,
+}
+
+impl KafkaSettings {
+    /// The transactional id: configured, or `clinstream-<hostname>`.
+    pub fn effective_transactional_id(&self) -> String {
+        if !self.transactional_id.is_empty() {
+            return self.transactional_id.clone();
+        }
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+            .unwrap_or_else(|| "local".to_string());
+        format!("clinstream-{host}")
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -145,7 +237,8 @@ impl Settings {
             .separator("__")
             .try_parsing(true)
             .list_separator(",")
-            .with_list_parse_key("decode.content_type_preference");
+            .with_list_parse_key("decode.content_type_preference")
+            .with_list_parse_key("kafka.topics");
         if let Some(env) = env {
             environment = environment.source(Some(env.into_iter().collect()));
         }
@@ -212,10 +305,75 @@ impl Settings {
         if self.metrics.addr.parse::<std::net::SocketAddr>().is_err() {
             problems.push(format!("metrics.addr: `{}` is not host:port (e.g. 0.0.0.0:9464)", self.metrics.addr));
         }
+        self.validate_kafka(&mut problems);
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    fn validate_kafka(&self, problems: &mut Vec<String>) {
+        let k = &self.kafka;
+        if !k.enabled {
+            return;
+        }
+        let mut need = |key: &str, value: &str| {
+            if value.trim().is_empty() {
+                problems.push(format!("kafka.{key}: must not be empty"));
+            }
+        };
+        need("bootstrap_servers", &k.bootstrap_servers);
+        need("group_id", &k.group_id);
+        need("variables_topic", &k.variables_topic);
+        need("kg_topic", &k.kg_topic);
+        need("dlq_topic", &k.dlq_topic);
+        if k.topics.is_empty() || k.topics.iter().any(|t| t.trim().is_empty()) {
+            problems.push("kafka.topics: must name at least one topic (or ^regex), none empty".to_string());
+        }
+        for t in &k.topics {
+            if [&k.variables_topic, &k.kg_topic, &k.dlq_topic].contains(&t) {
+                problems.push(format!("kafka.topics: `{t}` is also an output topic"));
+            }
+        }
+        if k.create_partitions < 1 {
+            problems.push("kafka.create_partitions: must be at least 1".to_string());
+        }
+        if k.replication_factor < 1 {
+            problems.push("kafka.replication_factor: must be at least 1".to_string());
+        }
+        if k.commit_interval_ms == 0 {
+            problems.push("kafka.commit_interval_ms: must be at least 1".to_string());
+        }
+        if k.retry_initial_ms == 0 || k.retry_max_ms < k.retry_initial_ms {
+            problems.push("kafka.retry_initial_ms / retry_max_ms: need 0 < initial <= max".to_string());
+        }
+        if k.halt_after_ms < k.retry_max_ms {
+            problems.push("kafka.halt_after_ms: must be at least kafka.retry_max_ms".to_string());
+        }
+        let session_ms = k
+            .consumer
+            .get("session.timeout.ms")
+            .or_else(|| k.common.get("session.timeout.ms"))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(45_000);
+        if k.drain_timeout_ms >= session_ms {
+            problems.push(format!(
+                "kafka.drain_timeout_ms: must be below the consumer's session.timeout.ms ({session_ms})"
+            ));
+        }
+        if k.dead_letters.window == 0 || !(0.0..=1.0).contains(&k.dead_letters.max_ratio) {
+            problems.push("kafka.dead_letters: window must be >= 1 and max_ratio between 0.0 and 1.0".to_string());
+        }
+        if k.dead_letters.max_consecutive == 0 {
+            problems.push("kafka.dead_letters.max_consecutive: must be at least 1".to_string());
+        }
+        for (map, props) in [("common", &k.common), ("consumer", &k.consumer), ("producer", &k.producer)] {
+            for key in props.keys() {
+                if MANAGED_KAFKA_KEYS.contains(&key.as_str()) {
+                    problems.push(format!("kafka.{map}.\"{key}\": set by clinstream (use the kafka.* setting)"));
+                }
+            }
+        }
     }
 
     /// The weight of a canonical section.
@@ -238,6 +396,19 @@ impl Settings {
         }
     }
 }
+
+/// librdkafka properties clinstream sets itself; the passthrough maps may not override them, because the
+/// delivery guarantees depend on them.
+pub const MANAGED_KAFKA_KEYS: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "group.instance.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.idempotence",
+    "transactional.id",
+    "isolation.level",
+];
 
 fn check_weight(problems: &mut Vec<String>, key: &str, weight: f32) {
     if !(0.0..=1.0).contains(&weight) || weight.is_nan() {
@@ -381,6 +552,52 @@ mod tests {
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }
+    }
+
+    #[test]
+    fn librdkafka_passthrough_keeps_dotted_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.toml");
+        std::fs::write(
+            &path,
+            "[kafka.consumer]\n\"fetch.wait.max.ms\" = \"100\"\n\"session.timeout.ms\" = 30000\n\
+             [kafka.common]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.password\" = \"hunter2\"\n",
+        )
+        .unwrap();
+        let s = Settings::load_from(Some(&path), env(&[])).unwrap();
+        assert_eq!(s.kafka.consumer.get("fetch.wait.max.ms").map(String::as_str), Some("100"));
+        assert_eq!(s.kafka.consumer.get("session.timeout.ms").map(String::as_str), Some("30000"));
+        assert_eq!(s.kafka.common.get("security.protocol").map(String::as_str), Some("SASL_SSL"));
+        let printed = s.redacted_toml();
+        assert!(!printed.contains("hunter2") && printed.contains("fetch.wait.max.ms"), "{printed}");
+    }
+
+    #[test]
+    fn kafka_settings_are_validated_when_enabled() {
+        let err = Settings::load_from(
+            None,
+            env(&[
+                ("CLINSTREAM__KAFKA__ENABLED", "true"),
+                ("CLINSTREAM__KAFKA__TOPICS", "clinstream.kg.v1"),
+                ("CLINSTREAM__KAFKA__DRAIN_TIMEOUT_MS", "60000"),
+                ("CLINSTREAM__KAFKA__CREATE_PARTITIONS", "0"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in [
+            "kafka.topics: `clinstream.kg.v1` is also an output topic",
+            "kafka.drain_timeout_ms",
+            "kafka.create_partitions",
+        ] {
+            assert!(err.contains(key), "missing {key} in {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.toml");
+        std::fs::write(&path, "[kafka]\nenabled = true\n[kafka.consumer]\n\"enable.auto.commit\" = \"true\"\n")
+            .unwrap();
+        let err = Settings::load_from(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("kafka.consumer.\"enable.auto.commit\": set by clinstream"), "{err}");
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub enum Stage {
     Sentences,
     Sink,
     Startup,
+    Commit,
 }
 
 impl Stage {
@@ -45,6 +46,7 @@ impl Stage {
             Stage::Sentences => "sentences",
             Stage::Sink => "sink",
             Stage::Startup => "startup",
+            Stage::Commit => "commit",
         }
     }
 }
@@ -107,6 +109,11 @@ error_codes! {
     EmptyNote => "empty_note", DeadLetter, "The decoded note holds no text (only whitespace or markup).";
     BinaryContent => "binary_content", DeadLetter, "A text attachment holds NUL bytes or other binary data.";
     InternalError => "internal_error", DeadLetter, "A stage failed unexpectedly (a bug); the event is dead-lettered and the run goes on.";
+    KafkaUnavailable => "kafka_unavailable", Retry, "The Kafka cluster could not be reached, timed out or refused a request; retried with capped backoff, the partition never advances past the event.";
+    DeliveryFailed => "delivery_failed", Halt, "An output record was not delivered within `kafka.halt_after_ms` (or was refused); the worker stops without committing.";
+    CommitFailed => "commit_failed", Halt, "Offsets (or a transaction) could not be committed within `kafka.halt_after_ms`; the worker stops and the uncommitted events are redelivered.";
+    DeadLetterLimit => "dead_letter_limit", Halt, "Too many events were dead-lettered (`kafka.dead_letters`); the worker stops instead of dead-lettering a whole topic after a bad deploy.";
+    RebalanceDrainTimeout => "rebalance_drain_timeout", Retry, "Revoked partitions' in-flight documents did not finish within `kafka.drain_timeout_ms`; their offsets stay uncommitted and the new owner redelivers them.";
     SourceIo => "source_io", Halt, "The input could not be read (file missing, permission, I/O error).";
     SinkIo => "sink_io", Halt, "An output could not be written.";
     ListenFailed => "listen_failed", Halt, "The metrics and health address (`metrics.addr`) could not be bound.";

@@ -25,6 +25,7 @@ pub mod docs;
 pub mod error;
 pub mod eval;
 pub mod health;
+pub mod kafka;
 pub mod kg;
 pub mod lexicon;
 pub mod model;

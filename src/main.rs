@@ -23,13 +23,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Process DocumentReference events from files, directories or stdin into DIR.
+    /// Process DocumentReference events: from files, directories or stdin into DIR (--input), or from Kafka
+    /// into the output topics (no --input, `kafka.enabled = true`; runs until SIGTERM/SIGINT).
     Run {
         /// Configuration file (TOML), layered over the built-in defaults; CLINSTREAM__* env vars override it.
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
         /// NDJSON / Bundle / Bulk-FHIR file, a directory, or `-` for stdin. Repeatable.
-        #[arg(long, short, required = true, num_args = 1..)]
+        #[arg(long, short, num_args = 1..)]
         input: Vec<String>,
         /// Output directory (notes.ndjson, dead_letters.ndjson).
         #[arg(long, short, default_value = "out")]
@@ -40,6 +41,20 @@ enum Command {
         /// Do not draw a progress bar.
         #[arg(long)]
         no_progress: bool,
+    },
+    /// Publish DocumentReference events (NDJSON, Bundles, Bulk-FHIR, `-` for stdin) onto a Kafka topic, keyed by
+    /// resource id, using the `kafka.*` connection settings.
+    Produce {
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long, short, required = true, num_args = 1..)]
+        input: Vec<String>,
+        /// Topic (default: the first of `kafka.topics`).
+        #[arg(long, short)]
+        topic: Option<String>,
+        /// Create the worker's topics first (as `kafka.create_topics` does).
+        #[arg(long)]
+        create_topics: bool,
     },
     /// Inspect the configuration.
     Config {
@@ -151,9 +166,15 @@ enum BenchCommand {
 enum KgCommand {
     /// Apply knowledge-graph deltas in order and write the resulting graph (graph.json, graph.graphml).
     Materialize {
-        /// kg.ndjson written by `clinstream run` (the Kafka topic comes with the Kafka source).
+        /// kg.ndjson written by `clinstream run` in file mode.
+        #[arg(long, required_unless_present = "topic", conflicts_with = "topic")]
+        input: Option<PathBuf>,
+        /// A Kafka topic of Avro deltas (`clinstream.kg.v1`), read from the beginning to its current end with the
+        /// `kafka.*` connection settings.
         #[arg(long)]
-        input: PathBuf,
+        topic: Option<String>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
         #[arg(long, short)]
         out: PathBuf,
     },
@@ -185,23 +206,50 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             clinstream::telemetry::init_logging(&settings.log)
                 .map_err(anyhow::Error::msg)
                 .context("setting up logging")?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .max_blocking_threads(settings.worker_threads() + 1)
-                .thread_name("clinstream")
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
+            let runtime = runtime(&settings)?;
+            if input.is_empty() {
+                anyhow::ensure!(
+                    settings.kafka.enabled,
+                    "nothing to read: give --input PATH (files) or set kafka.enabled = true (see docs/kafka.md)"
+                );
+                let summary = runtime
+                    .block_on(async { clinstream::kafka::run::run_kafka(&settings, shutdown_signal()).await })
+                    .context("the worker halted")?;
+                print!("{summary}");
+                return Ok(ExitCode::SUCCESS);
+            }
             let opts = RunOptions {
                 inputs: input.iter().map(|i| Input::parse(i)).collect(),
                 out_dir: out,
                 include_text,
                 progress: !no_progress,
             };
-            let summary =
-                runtime.block_on(app::run_files(&settings, opts, shutdown_signal())).context("the run halted")?;
+            let summary = runtime
+                .block_on(async { app::run_files(&settings, opts, shutdown_signal()).await })
+                .context("the run halted")?;
             print!("{summary}");
             Ok(if summary.dead_lettered() > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
+        }
+        Command::Produce { config, input, topic, create_topics } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            clinstream::telemetry::init_logging(&settings.log)
+                .map_err(anyhow::Error::msg)
+                .context("setting up logging")?;
+            let topic = topic
+                .or_else(|| settings.kafka.topics.iter().find(|t| !t.starts_with('^')).cloned())
+                .context("no --topic and no literal topic in kafka.topics")?;
+            let inputs: Vec<Input> = input.iter().map(|i| Input::parse(i)).collect();
+            let summary = runtime(&settings)?.block_on(async {
+                if create_topics {
+                    clinstream::kafka::admin::ensure_topics(&settings.kafka).await?;
+                }
+                clinstream::kafka::produce::produce(&settings, &inputs, &topic).await
+            })?;
+            println!(
+                "sent {} events to {topic} ({} without an id key, {} over 16 MiB skipped)",
+                summary.sent, summary.without_key, summary.skipped_oversized
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Print { config } } => {
             let settings = Settings::load(config.as_deref()).context("loading configuration")?;
@@ -282,14 +330,29 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kg { command: KgCommand::Materialize { input, out } } => {
-            let text = std::fs::read_to_string(&input).with_context(|| format!("reading {}", input.display()))?;
+        Command::Kg { command: KgCommand::Materialize { input, topic, config, out } } => {
+            let deltas: Vec<clinstream::stages::kg::KgDelta> = match (input, topic) {
+                (Some(input), _) => {
+                    let text =
+                        std::fs::read_to_string(&input).with_context(|| format!("reading {}", input.display()))?;
+                    let mut deltas = Vec::new();
+                    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                        deltas.push(serde_json::from_str(line).with_context(|| {
+                            format!("{}: line {} is not a knowledge-graph delta", input.display(), i + 1)
+                        })?);
+                    }
+                    deltas
+                }
+                (None, Some(topic)) => {
+                    let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+                    clinstream::kafka::produce::read_kg_topic(&settings, &topic).map_err(anyhow::Error::msg)?
+                }
+                (None, None) => anyhow::bail!("give --input FILE or --topic T"),
+            };
             let mut graph = clinstream::kg::Graph::default();
             let (mut applied, mut ignored) = (0, 0);
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let delta: clinstream::stages::kg::KgDelta = serde_json::from_str(line)
-                    .with_context(|| format!("{}: line {} is not a knowledge-graph delta", input.display(), i + 1))?;
-                if graph.apply(&delta) { applied += 1 } else { ignored += 1 }
+            for delta in &deltas {
+                if graph.apply(delta) { applied += 1 } else { ignored += 1 }
             }
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             std::fs::write(out.join("graph.json"), serde_json::to_string_pretty(&graph.to_json())?)?;
@@ -310,6 +373,16 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
+fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(settings.worker_threads() + 1)
+        .thread_name("clinstream")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 fn pipeline(config: Option<&std::path::Path>) -> anyhow::Result<(Settings, clinstream::stages::Pipeline)> {
     let settings = Settings::load(config).context("loading configuration")?;
     let pipeline = clinstream::stages::Pipeline::new(&settings).map_err(anyhow::Error::msg)?;
@@ -317,22 +390,35 @@ fn pipeline(config: Option<&std::path::Path>) -> anyhow::Result<(Settings, clins
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called (inside the runtime), not
+/// when first awaited, so a signal during start-up is not lost (nor fatal): the run stops as soon as it starts.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    #[cfg(unix)]
+    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut term, mut int) = (term, int);
+            let term = async {
+                match term.as_mut() {
+                    Some(t) => drop(t.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(i) => drop(i.recv().await),
+                    None => drop(tokio::signal::ctrl_c().await),
+                }
+            };
+            tokio::select! {
+                _ = term => {}
+                _ = int => {}
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -24,7 +24,11 @@ panel("CLEAR context tokens per note and variable", ["histogram_quantile(0.5, su
 panel("Mentions by entity kind (/s)", ["sum by (kind) (rate(%s[5m]))" % s("clinstream_mentions_total")], "ops", 12,24, ["{{kind}}"])
 panel("Dead-letter share of finished documents", ["sum(rate(%s[5m])) / clamp_min(sum(rate(%s[5m])), 1e-9)" % (s("clinstream_documents_finished_total", dl), s("clinstream_documents_finished_total"))], "percentunit", 0,32, ["dead-lettered share"])
 panel("Start-up time", ["max by (pod) (%s)" % s("clinstream_startup_duration_seconds")], "s", 12,32, ["{{pod}}"])
-panels.append({"id":len(panels)+1,"type":"table","title":"Build info","gridPos":{"x":0,"y":40,"w":24,"h":6},"datasource":DS,
+panel("Kafka consumer lag (messages)", ["sum by (pod) (%s)" % s("clinstream_consumer_lag_messages")], "short", 0,40, ["{{pod}}"])
+panel("Kafka records produced (/s)", ["sum by (output) (rate(%s[5m]))" % s("clinstream_kafka_records_produced_total")], "ops", 12,40, ["{{output}}"])
+panel("Kafka commits and retries (/s)", ["sum by (outcome) (rate(%s[5m]))" % s("clinstream_kafka_commits_total"), "sum by (operation) (rate(%s[5m]))" % s("clinstream_kafka_retries_total")], "ops", 0,48, ["commit {{outcome}}","retry {{operation}}"])
+panel("Kafka partitions, pauses, rebalances", ["sum by (pod) (%s)" % s("clinstream_kafka_assigned_partitions"), "max by (pod) (%s)" % s("clinstream_kafka_paused"), "sum by (kind) (increase(%s[15m]))" % s("clinstream_kafka_rebalances_total")], "short", 12,48, ["assigned {{pod}}","paused {{pod}}","rebalances {{kind}}"])
+panels.append({"id":len(panels)+1,"type":"table","title":"Build info","gridPos":{"x":0,"y":56,"w":24,"h":6},"datasource":DS,
   "targets":[{"expr":"max by (pod, version, lexicon_version, model, execution_provider) (%s)" % s("clinstream_build_info"),"format":"table","instant":True,"refId":"A","datasource":DS}],
   "fieldConfig":{"defaults":{},"overrides":[]},"options":{}})
 dash={"title":"clinstream","uid":"clinstream","schemaVersion":39,"version":1,"editable":True,"time":{"from":"now-6h","to":"now"},

@@ -292,6 +292,7 @@ fn with_entry(origin: &Origin, entry: usize) -> Origin {
     match origin {
         Origin::File { path, line, .. } => Origin::File { path: path.clone(), line: *line, entry: Some(entry) },
         Origin::Stdin { line, .. } => Origin::Stdin { line: *line, entry: Some(entry) },
+        other => other.clone(),
     }
 }
 

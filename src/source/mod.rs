@@ -4,8 +4,8 @@
 //!
 //! * `file` — NDJSON, FHIR Bundles and Bulk-FHIR exports from files, directories or stdin. Reading a file
 //!   needs no acknowledgement: a rerun reprocesses it and the outputs are overwritten.
-//! * Kafka (its own issue) yields the same `Envelope`s with `Origin::Kafka` and acks that advance the
-//!   partition's watermark.
+//! * Kafka (`crate::kafka`) yields records with `Origin::Kafka`; the runner advances each partition's
+//!   watermark only past documents whose outputs are delivered.
 
 pub mod file;
 
@@ -37,6 +37,8 @@ pub enum Origin {
         #[serde(skip_serializing_if = "Option::is_none")]
         entry: Option<usize>,
     },
+    /// A Kafka record.
+    Kafka { topic: Arc<str>, partition: i32, offset: i64 },
 }
 
 impl fmt::Display for Origin {
@@ -44,6 +46,7 @@ impl fmt::Display for Origin {
         let (place, line, entry) = match self {
             Origin::File { path, line, entry } => (path.display().to_string(), line, entry),
             Origin::Stdin { line, entry } => ("<stdin>".to_string(), line, entry),
+            Origin::Kafka { topic, partition, offset } => return write!(f, "{topic}[{partition}]@{offset}"),
         };
         write!(f, "{place}:{line}")?;
         if let Some(e) = entry {

@@ -24,6 +24,13 @@ pub const NAMES: &[&str] = &[
     CONTEXT_TOKENS,
     STARTUP_DURATION,
     BUILD_INFO,
+    KAFKA_RECORDS_PRODUCED,
+    KAFKA_COMMITS,
+    KAFKA_RETRIES,
+    KAFKA_PAUSED,
+    KAFKA_REBALANCES,
+    KAFKA_ASSIGNED,
+    CONSUMER_LAG,
 ];
 
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
@@ -36,6 +43,13 @@ pub const MENTIONS: &str = "clinstream_mentions_total";
 pub const CONTEXT_TOKENS: &str = "clinstream_clear_context_tokens";
 pub const STARTUP_DURATION: &str = "clinstream_startup_duration_seconds";
 pub const BUILD_INFO: &str = "clinstream_build_info";
+pub const KAFKA_RECORDS_PRODUCED: &str = "clinstream_kafka_records_produced_total";
+pub const KAFKA_COMMITS: &str = "clinstream_kafka_commits_total";
+pub const KAFKA_RETRIES: &str = "clinstream_kafka_retries_total";
+pub const KAFKA_PAUSED: &str = "clinstream_kafka_paused";
+pub const KAFKA_REBALANCES: &str = "clinstream_kafka_rebalances_total";
+pub const KAFKA_ASSIGNED: &str = "clinstream_kafka_assigned_partitions";
+pub const CONSUMER_LAG: &str = "clinstream_consumer_lag_messages";
 
 pub struct Metrics {
     registry: Registry,
@@ -55,6 +69,19 @@ pub struct Metrics {
     pub startup_duration: prometheus::Gauge,
     /// Always 1; labels `version`, `lexicon_version`, `model`, `execution_provider`.
     pub build_info: IntGaugeVec,
+    /// `output`: variables | kg | dlq — records confirmed delivered.
+    pub records_produced: IntCounterVec,
+    /// `outcome`: ok | failed.
+    pub commits: IntCounterVec,
+    /// `operation`: deliver | commit | admin | init — transient failures retried.
+    pub retries: IntCounterVec,
+    /// 1 while the assigned partitions are paused because the in-flight budget is exhausted.
+    pub paused: IntGauge,
+    /// `kind`: assign | revoke.
+    pub rebalances: IntCounterVec,
+    pub assigned: IntGauge,
+    /// Messages between the committed watermark and the high watermark, summed over assigned partitions.
+    pub consumer_lag: IntGauge,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -115,6 +142,45 @@ impl Metrics {
                     &["version", "lexicon_version", "model", "execution_provider"],
                 )
                 .unwrap(),
+            ),
+            records_produced: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(KAFKA_RECORDS_PRODUCED, "Output records delivered to Kafka, by output."),
+                    &["output"],
+                )
+                .unwrap(),
+            ),
+            commits: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(KAFKA_COMMITS, "Offset (or transaction) commits, by outcome."),
+                    &["outcome"],
+                )
+                .unwrap(),
+            ),
+            retries: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(KAFKA_RETRIES, "Transient Kafka failures retried, by operation."),
+                    &["operation"],
+                )
+                .unwrap(),
+            ),
+            paused: register(
+                &r,
+                IntGauge::new(KAFKA_PAUSED, "1 while intake is paused because the in-flight budget is exhausted.")
+                    .unwrap(),
+            ),
+            rebalances: register(
+                &r,
+                IntCounterVec::new(Opts::new(KAFKA_REBALANCES, "Consumer-group rebalances, by kind."), &["kind"])
+                    .unwrap(),
+            ),
+            assigned: register(&r, IntGauge::new(KAFKA_ASSIGNED, "Input partitions assigned to this worker.").unwrap()),
+            consumer_lag: register(
+                &r,
+                IntGauge::new(CONSUMER_LAG, "Messages not yet committed on the assigned partitions.").unwrap(),
             ),
             registry: r,
         }

@@ -1,0 +1,378 @@
+//! The intake: one thread polls the consumer and forwards, in order, records and group events to the runner
+//! over a bounded channel.
+//!
+//! * Backpressure: when the channel is full the thread holds records back (in order) and keeps polling; when
+//!   the in-flight budget stays exhausted for `kafka.pause_after_ms` (or the held records reach sixteen times
+//!   `pipeline.in_flight`, at least 1,024) it pauses the assigned partitions, and resumes them when a quarter of that
+//!   is left.
+//!   Polling never stops, so the worker stays in the group (`max.poll.interval.ms`).
+//! * Revocation: before partitions are released, the rebalance callback (on this thread) hands over what it
+//!   holds, sends `Intake::Revoking` behind it and waits — at most `kafka.drain_timeout_ms` — while the runner
+//!   finishes every in-flight document and commits. Only then does librdkafka release the partitions, so the
+//!   next owner starts exactly after the last finished document.
+//! * Offsets are never stored by librdkafka itself (`enable.auto.offset.store=false`, `enable.auto.commit=false`):
+//!   the runner stores and commits per-partition watermarks of finished documents.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{ClientContext, Statistics, TopicPartitionList};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::client_config;
+use crate::config::Settings;
+use crate::error::ErrorCode;
+use crate::telemetry::metrics::metrics;
+
+/// A topic-partition.
+pub type Tp = (Arc<str>, i32);
+
+/// A consumed record (payload, key, headers and position; the bytes are the event's only copy).
+#[derive(Debug)]
+pub struct KafkaRecord {
+    pub topic: Arc<str>,
+    pub partition: i32,
+    pub offset: i64,
+    pub message: OwnedMessage,
+}
+
+impl KafkaRecord {
+    pub fn payload(&self) -> &[u8] {
+        self.message.payload().unwrap_or_default()
+    }
+    pub fn tp(&self) -> Tp {
+        (self.topic.clone(), self.partition)
+    }
+}
+
+/// What the intake thread tells the runner, in order.
+#[derive(Debug)]
+pub enum Intake {
+    Record(Arc<KafkaRecord>),
+    Assigned(Vec<Tp>),
+    /// Finish everything in flight, commit, then send on `done`: the partitions are released after that.
+    Revoking {
+        partitions: Vec<Tp>,
+        done: std::sync::mpsc::SyncSender<()>,
+    },
+}
+
+/// Shared between the intake thread (callbacks) and the runner.
+pub struct IntakeContext {
+    tx: mpsc::Sender<Intake>,
+    /// Items the channel had no room for, in order; only the intake thread touches it.
+    held: Mutex<VecDeque<Intake>>,
+    held_limit: usize,
+    drain_timeout: Duration,
+    /// Set before the consumer is closed: the final revocation needs no drain.
+    closing: AtomicBool,
+    paused: AtomicBool,
+    /// Partitions currently assigned to this worker; the runner commits only these.
+    assigned: Mutex<BTreeSet<Tp>>,
+    topic_names: Mutex<Vec<Arc<str>>>,
+}
+
+impl IntakeContext {
+    fn topic(&self, name: &str) -> Arc<str> {
+        let mut names = self.topic_names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = names.iter().find(|t| &***t == name) {
+            return t.clone();
+        }
+        let t: Arc<str> = Arc::from(name);
+        names.push(t.clone());
+        t
+    }
+
+    fn tps(&self, tpl: &TopicPartitionList) -> Vec<Tp> {
+        tpl.elements().iter().map(|e| (self.topic(e.topic()), e.partition())).collect()
+    }
+
+    /// Is this partition assigned to this worker now?
+    pub fn is_assigned(&self, tp: &Tp) -> bool {
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner()).contains(tp)
+    }
+
+    pub fn assigned(&self) -> Vec<Tp> {
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// Queues an item behind anything held, then hands over what fits.
+    fn push(&self, item: Intake) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.push_back(item);
+        Self::hand_over(&self.tx, &mut held);
+    }
+
+    fn hand_over(tx: &mpsc::Sender<Intake>, held: &mut VecDeque<Intake>) {
+        while let Some(item) = held.pop_front() {
+            match tx.try_send(item) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(item)) => {
+                    held.push_front(item);
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    held.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn held_len(&self) -> usize {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        Self::hand_over(&self.tx, &mut held);
+        held.len()
+    }
+
+    /// Hands over everything held and then `item`, waiting for room until `deadline`. False on timeout.
+    fn push_all_until(&self, item: Intake, deadline: Instant) -> bool {
+        self.push(item);
+        loop {
+            if self.held_len() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline || self.tx.is_closed() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl ClientContext for IntakeContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        // librdkafka's reasons name brokers and codes, never record contents.
+        warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %error, reason, "Kafka consumer error.");
+    }
+
+    fn stats(&self, statistics: Statistics) {
+        let assigned = self.assigned();
+        let mut lag = 0i64;
+        for (name, topic) in &statistics.topics {
+            for (id, p) in &topic.partitions {
+                let tp: Tp = (self.topic(name), *id);
+                if *id >= 0 && assigned.contains(&tp) && p.consumer_lag_stored >= 0 {
+                    lag += p.consumer_lag_stored;
+                }
+            }
+        }
+        metrics().consumer_lag.set(lag);
+    }
+}
+
+impl ConsumerContext for IntakeContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else { return };
+        let partitions = self.tps(tpl);
+        metrics().rebalances.with_label_values(&["revoke"]).inc();
+        if self.closing.load(Ordering::SeqCst) || partitions.is_empty() {
+            self.forget(&partitions);
+            return;
+        }
+        info!(partitions = partitions.len(), "Partitions revoked; draining in-flight documents.");
+        let started = Instant::now();
+        let deadline = started + self.drain_timeout;
+        let (done_tx, done_rx) = std::sync::mpsc::sync_channel(1);
+        let sent = self.push_all_until(Intake::Revoking { partitions: partitions.clone(), done: done_tx }, deadline);
+        let drained = sent && done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_ok();
+        if drained {
+            info!(took_ms = started.elapsed().as_millis() as u64, "Drained in-flight documents before release.");
+        } else {
+            warn!(
+                code = ErrorCode::RebalanceDrainTimeout.as_str(),
+                timeout_ms = self.drain_timeout.as_millis() as u64,
+                "Revoked partitions did not drain in time; the next owner redelivers their uncommitted events."
+            );
+        }
+        self.forget(&partitions);
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let partitions = self.tps(tpl);
+                metrics().rebalances.with_label_values(&["assign"]).inc();
+                {
+                    let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+                    assigned.extend(partitions.iter().cloned());
+                    metrics().assigned.set(assigned.len() as i64);
+                }
+                info!(partitions = partitions.len(), "Partitions assigned.");
+                if self.paused.load(Ordering::SeqCst) && tpl.count() > 0 {
+                    let _ = consumer.pause(tpl);
+                }
+                self.push(Intake::Assigned(partitions));
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => warn!(error = %e, "Rebalance error."),
+        }
+    }
+}
+
+impl IntakeContext {
+    fn forget(&self, partitions: &[Tp]) {
+        let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        for tp in partitions {
+            assigned.remove(tp);
+        }
+        metrics().assigned.set(assigned.len() as i64);
+    }
+}
+
+pub type IntakeConsumer = BaseConsumer<IntakeContext>;
+
+/// The running intake: the consumer (shared with the runner for commits) and its poll thread.
+pub struct IntakeHandle {
+    pub consumer: Arc<IntakeConsumer>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl IntakeHandle {
+    pub fn context(&self) -> &IntakeContext {
+        self.consumer.context()
+    }
+
+    /// Asks the poll thread to stop taking records; the consumer stays open for the final commit.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// The poll thread, to join after `request_stop` (while still answering its requests).
+    pub fn take_thread(&mut self) -> Option<JoinHandle<()>> {
+        self.thread.take()
+    }
+
+    /// Stops polling and waits for the poll thread.
+    pub fn stop_intake(&mut self) {
+        self.request_stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Leaves the group (after the final commit).
+    pub fn close(mut self) {
+        self.stop_intake();
+        self.context().closing.store(true, Ordering::SeqCst);
+        // Dropping the last handle closes the consumer; the final revocation skips the drain (`closing`).
+        drop(self.consumer);
+    }
+}
+
+/// Subscribes and starts the poll thread. Records arrive on the returned channel in partition order.
+pub fn start(settings: &Settings) -> Result<(IntakeHandle, mpsc::Receiver<Intake>), String> {
+    let k = &settings.kafka;
+    let mut config = client_config(k, &std::collections::BTreeMap::new());
+    config
+        .set("group.id", &k.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("statistics.interval.ms", "5000");
+    if !k.group_instance_id.is_empty() {
+        config.set("group.instance.id", &k.group_instance_id);
+    }
+    for (key, value) in &k.consumer {
+        config.set(key, value);
+    }
+    let capacity = settings.pipeline.source_channel;
+    let (tx, rx) = mpsc::channel(capacity);
+    let context = IntakeContext {
+        tx,
+        held: Mutex::new(VecDeque::new()),
+        // Held records beyond this pause intake at once (bounds memory when documents are slow); large enough
+        // that a pause/resume cycle is rare.
+        held_limit: (settings.pipeline.in_flight * 16).max(capacity).max(1024),
+        drain_timeout: Duration::from_millis(k.drain_timeout_ms),
+        closing: AtomicBool::new(false),
+        paused: AtomicBool::new(false),
+        assigned: Mutex::new(BTreeSet::new()),
+        topic_names: Mutex::new(Vec::new()),
+    };
+    let consumer: IntakeConsumer = config.create_with_context(context).map_err(|e| format!("kafka consumer: {e}"))?;
+    let topics: Vec<&str> = k.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics).map_err(|e| format!("kafka subscribe: {e}"))?;
+    let consumer = Arc::new(consumer);
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let consumer = Arc::clone(&consumer);
+        let stop = Arc::clone(&stop);
+        let pause_after = Duration::from_millis(k.pause_after_ms);
+        std::thread::Builder::new()
+            .name("clinstream-intake".into())
+            .spawn(move || poll_loop(&consumer, &stop, pause_after))
+            .map_err(|e| format!("starting the intake thread: {e}"))?
+    };
+    Ok((IntakeHandle { consumer, stop, thread: Some(thread) }, rx))
+}
+
+fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration) {
+    let ctx = consumer.context();
+    let mut full_since: Option<Instant> = None;
+    let mut last_error: Option<Instant> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let held = ctx.held_len();
+        if held == 0 {
+            full_since = None;
+        } else {
+            full_since.get_or_insert_with(Instant::now);
+        }
+        let paused = ctx.paused.load(Ordering::SeqCst);
+        let exhausted = full_since.is_some_and(|t| t.elapsed() >= pause_after) || held >= ctx.held_limit;
+        if !paused && exhausted {
+            set_paused(consumer, true);
+        } else if paused && held <= ctx.held_limit / 4 {
+            // Resume before everything held is handed over: a resumed partition's next fetch can take up to a
+            // second, and what is still held (plus the channel and the in-flight queue) covers that gap.
+            set_paused(consumer, false);
+            full_since = (held > 0).then(Instant::now);
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Ok(message)) => {
+                let message = message.detach();
+                let record = KafkaRecord {
+                    topic: ctx.topic(message.topic()),
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    message,
+                };
+                ctx.push(Intake::Record(Arc::new(record)));
+            }
+            Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) => {
+                warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %e, "Kafka poll error.");
+                last_error = Some(Instant::now());
+            }
+            Some(Err(_)) => {}
+        }
+    }
+    debug!("Intake stopped.");
+}
+
+fn set_paused(consumer: &IntakeConsumer, pause: bool) {
+    let ctx = consumer.context();
+    let Ok(assignment) = consumer.assignment() else { return };
+    let result = if pause { consumer.pause(&assignment) } else { consumer.resume(&assignment) };
+    match result {
+        Ok(()) => {
+            ctx.paused.store(pause, Ordering::SeqCst);
+            metrics().paused.set(i64::from(pause));
+            if pause {
+                info!(partitions = assignment.count(), "In-flight budget exhausted; pausing intake.");
+            } else {
+                info!("Resuming intake.");
+            }
+        }
+        Err(e) => warn!(error = %e, "Could not pause/resume partitions."),
+    }
+}

@@ -1,0 +1,151 @@
+//! `clinstream produce`: publishes DocumentReference events from NDJSON files, Bundles, Bulk-FHIR exports or
+//! stdin onto a topic (so trying the worker needs no other Kafka tool). Each event is one record, keyed by the
+//! resource's `id` when it has one (so all versions of a document land on one partition, in order); the
+//! bytes are sent unchanged, malformed ones included — the worker dead-letters those.
+
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::sync::mpsc;
+
+use super::client_config;
+use crate::app::RunError;
+use crate::config::Settings;
+use crate::error::ErrorCode;
+use crate::source::SourceEvent;
+use crate::source::file::{self, Input};
+
+/// What `produce` did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ProduceSummary {
+    pub sent: u64,
+    pub without_key: u64,
+    pub skipped_oversized: u64,
+}
+
+/// The `id` of a top-level JSON object, without parsing the whole event (`None` when absent or not JSON).
+pub fn event_key(payload: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: Option<String>,
+    }
+    serde_json::from_slice::<Id>(payload).ok().and_then(|i| i.id)
+}
+
+pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Result<ProduceSummary, RunError> {
+    let k = &settings.kafka;
+    let mut config = client_config(k, &k.producer);
+    config.set("enable.idempotence", "true").set("message.timeout.ms", k.halt_after_ms.to_string());
+    let producer: FutureProducer = config.create().map_err(|e| RunError::Config(format!("kafka producer: {e}")))?;
+    let plan = file::plan(inputs)?;
+    let (tx, mut rx) = mpsc::channel::<file::Item>(1024);
+    // Events larger than the broker accepts are the broker's to refuse; read up to 16 MiB.
+    let reader = file::spawn(plan, 16 * 1024 * 1024, tx);
+    let mut summary = ProduceSummary::default();
+    let mut deliveries = Vec::new();
+    while let Some(item) = rx.recv().await {
+        match item? {
+            SourceEvent::Record(envelope) => {
+                let key = event_key(&envelope.payload);
+                let mut record = FutureRecord::<str, [u8]>::to(topic).payload(&envelope.payload);
+                match &key {
+                    Some(k) => record = record.key(k.as_str()),
+                    None => summary.without_key += 1,
+                }
+                loop {
+                    match producer.send_result(record) {
+                        Ok(delivery) => break deliveries.push(delivery),
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                            record = back;
+                            if deliveries.is_empty() {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                            for d in deliveries.drain(..) {
+                                check(d.await)?;
+                            }
+                        }
+                        Err((e, _)) => {
+                            return Err(RunError::Kafka { code: ErrorCode::DeliveryFailed, detail: e.to_string() });
+                        }
+                    }
+                }
+                if deliveries.len() >= 10_000 {
+                    for d in deliveries.drain(..) {
+                        check(d.await)?;
+                    }
+                }
+                summary.sent += 1;
+            }
+            SourceEvent::Oversized { .. } => summary.skipped_oversized += 1,
+            _ => {}
+        }
+    }
+    for d in deliveries {
+        check(d.await)?;
+    }
+    let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    Ok(summary)
+}
+
+fn check<Canceled>(
+    result: Result<rdkafka::producer::future_producer::OwnedDeliveryResult, Canceled>,
+) -> Result<(), RunError> {
+    let failed = |detail: String| RunError::Kafka { code: ErrorCode::DeliveryFailed, detail };
+    match result {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(failed(e.to_string())),
+        Err(_) => Err(failed("producer closed before delivery".to_string())),
+    }
+}
+
+/// Reads every knowledge-graph delta on `topic` (read_committed, from the beginning to the current end of each
+/// partition), for `clinstream kg materialize --topic`.
+pub fn read_kg_topic(settings: &Settings, topic: &str) -> Result<Vec<crate::stages::kg::KgDelta>, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+    let k = &settings.kafka;
+    let consumer: BaseConsumer = client_config(k, &k.consumer)
+        .set("group.id", format!("clinstream-materialize-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()
+        .map_err(|e| format!("kafka consumer: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
+    if partitions.is_empty() {
+        return Err(format!("topic {topic} has no partitions (does it exist?)"));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in &partitions {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning).map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| format!("assign: {e}"))?;
+    let encoder = super::avro::Encoder::new(super::avro::KG_SCHEMA, super::avro::Framing::SingleObject)
+        .map_err(|e| e.to_string())?;
+    let mut at_end: std::collections::HashSet<i32> = std::collections::HashSet::new();
+    let mut deltas = Vec::new();
+    while at_end.len() < partitions.len() {
+        match consumer.poll(Duration::from_secs(30)) {
+            None => return Err(format!("no progress reading {topic} for 30 s")),
+            Some(Ok(m)) => {
+                at_end.remove(&m.partition());
+                let value = encoder
+                    .decode(m.payload().unwrap_or_default())
+                    .map_err(|e| format!("{topic}[{}]@{}: {e}", m.partition(), m.offset()))?;
+                let delta = apache_avro::from_value(&value)
+                    .map_err(|e| format!("{topic}[{}]@{}: {e}", m.partition(), m.offset()))?;
+                deltas.push(delta);
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(format!("reading {topic}: {e}")),
+        }
+    }
+    Ok(deltas)
+}

@@ -1,0 +1,461 @@
+//! Kafka mode end to end against a real Kafka-protocol broker (see `kafka_support` for where it comes from):
+//! the worker runs as a child process, exactly as in production.
+//!
+//! * happy path: N events in → outputs out, Avro-decodable; committed offsets equal end offsets;
+//! * poison messages among good ones: each in the DLQ with its code, original key, value and headers;
+//! * crash safety: SIGKILL at random moments, restart; every document has its outputs (and, with transactions,
+//!   exactly once for a read_committed consumer);
+//! * rebalance: two workers split the partitions, one leaves mid-stream, nothing is lost;
+//! * shutdown: SIGTERM drains and commits, a restart re-delivers nothing;
+//! * broker unavailable at start, and restarted mid-stream: the worker waits and recovers.
+
+mod common;
+mod kafka_support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clinstream::kafka::avro::{self, Encoder, Framing};
+use clinstream::kafka::output::headers;
+use kafka_support::*;
+use rdkafka::message::{Headers, Message};
+
+fn assert_all_committed(addr: &str, names: &Names) {
+    for (p, committed, end) in committed_and_end(addr, &names.group, &names.input) {
+        assert_eq!(committed, end, "partition {p}: committed {committed}, end {end}");
+    }
+}
+
+/// Waits until the group's committed offsets reach the end of every input partition.
+fn wait_all_committed(addr: &str, names: &Names, secs: u64) {
+    wait_until(Duration::from_secs(secs), "offsets committed", || {
+        committed_and_end(addr, &names.group, &names.input).iter().all(|(_, c, e)| c == e)
+    });
+}
+
+fn kg_encoder() -> Encoder {
+    Encoder::new(avro::KG_SCHEMA, Framing::SingleObject).unwrap()
+}
+
+#[test]
+fn happy_path_outputs_and_commits() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("happy");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 4);
+    let events = documents("happy", 300);
+    produce(&addr, &names.input, &events);
+    // A small in-flight budget and channel, so intake is paused and resumed along the way.
+    let extra = vec![
+        ("CLINSTREAM__PIPELINE__IN_FLIGHT", "2".to_string()),
+        ("CLINSTREAM__PIPELINE__SOURCE_CHANNEL", "2".to_string()),
+        ("CLINSTREAM__KAFKA__PAUSE_AFTER_MS", "100".to_string()),
+    ];
+    let mut w = Worker::start(&WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        extra,
+        dir: dir.path(),
+        tag: "w",
+    });
+    wait_until(Duration::from_secs(60), "kg records for every document", || distinct_keys(&addr, &names.kg) == 300);
+    // Offsets are committed within the commit interval after the last output is delivered.
+    wait_all_committed(&addr, &names, 10);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    assert_all_committed(&addr, &names);
+
+    let kg = read_all(&addr, &names.kg, true);
+    assert_eq!(kg.len(), 300, "one kg record per document");
+    let enc = kg_encoder();
+    for m in &kg {
+        let v = enc.decode(m.payload().unwrap()).expect("kg record decodes with the schema");
+        let apache_avro::types::Value::Record(fields) = v else { panic!("not a record") };
+        let doc_id = fields.iter().find(|(k, _)| k == "doc_id").unwrap();
+        assert_eq!(doc_id.1, apache_avro::types::Value::String(String::from_utf8(m.key().unwrap().to_vec()).unwrap()));
+    }
+    let vars = read_all(&addr, &names.variables, true);
+    let per_doc = variables_per_document();
+    assert_eq!(vars.len(), 300 * per_doc);
+    let venc = Encoder::new(avro::VARIABLES_SCHEMA, Framing::SingleObject).unwrap();
+    let mut labels = BTreeMap::new();
+    for m in &vars {
+        let apache_avro::types::Value::Record(f) = venc.decode(m.payload().unwrap()).unwrap() else { panic!() };
+        let get = |k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap();
+        if let (apache_avro::types::Value::String(var), apache_avro::types::Value::Enum(_, label)) =
+            (get("variable"), get("label"))
+        {
+            *labels.entry((var, label)).or_insert(0) += 1;
+        }
+    }
+    // A quarter of the notes assess pneumonia, another quarter rule it out: both labels arrive, 75 each.
+    let pneumonia: BTreeMap<_, _> = labels.iter().filter(|((v, _), _)| v == "pneumonia").collect();
+    assert_eq!(pneumonia.get(&("pneumonia".to_string(), "present".to_string())), Some(&&75), "{pneumonia:?}");
+    assert_eq!(pneumonia.get(&("pneumonia".to_string(), "absent".to_string())), Some(&&75), "{pneumonia:?}");
+    assert!(read_all(&addr, &names.dlq, true).is_empty());
+    let log = w.log_text();
+    assert!(log.contains("pausing intake") && log.contains("Resuming intake"), "expected pause/resume:\n{log}");
+
+    // The reference consumer rebuilds the graph from the topic.
+    let out = dir.path().join("graph");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_clinstream"))
+        .env("CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS", &addr)
+        .args(["kg", "materialize", "--topic", &names.kg, "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && stdout.contains("applied 300 deltas"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let graph: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("graph.json")).unwrap()).unwrap();
+    assert!(graph["nodes"].as_array().is_some_and(|n| n.len() > 300), "patients, documents and concepts");
+    assert!(w.stdout_text().contains("documents read                   300"), "{}", w.stdout_text());
+}
+
+#[test]
+fn poison_messages_go_to_the_dead_letter_topic() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("poison");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 2);
+    let corpus: Vec<_> = common::malformed_corpus().into_iter().filter(|c| c.bytes.len() < 512 * 1024).collect();
+    let mut events = Vec::new();
+    let mut expected = BTreeMap::new();
+    for (i, case) in corpus.iter().enumerate() {
+        events.push(Event::doc(&format!("good-{i}"), "ASSESSMENT: Pneumonia. Denies fever."));
+        let key = format!("poison-{i}");
+        expected.insert(key.clone(), (case.code.as_str(), case.bytes.clone(), case.name));
+        events.push(Event {
+            key: Some(key),
+            value: case.bytes.clone(),
+            headers: vec![("trace-id".into(), format!("t{i}"))],
+        });
+    }
+    produce(&addr, &names.input, &events);
+    let mut w = Worker::start(&WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        extra: vec![("CLINSTREAM__KAFKA__DEAD_LETTERS__MAX_CONSECUTIVE", "1000".into())],
+        dir: dir.path(),
+        tag: "w",
+    });
+    let n = corpus.len();
+    wait_until(Duration::from_secs(60), "all events finished", || {
+        distinct_keys(&addr, &names.kg) == n && distinct_keys(&addr, &names.dlq) == n
+    });
+    wait_all_committed(&addr, &names, 10);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+
+    let dlq = read_all(&addr, &names.dlq, true);
+    assert_eq!(dlq.len(), n);
+    let enc = Encoder::new(avro::DLQ_SCHEMA, Framing::SingleObject).unwrap();
+    for m in &dlq {
+        let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+        let (code, original, name) = expected.get(&key).unwrap_or_else(|| panic!("unexpected DLQ key {key}"));
+        let h = m.headers().expect("headers");
+        let header = |name: &str| {
+            h.iter()
+                .find(|x| x.key == name)
+                .and_then(|x| x.value)
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+                .unwrap_or_else(|| panic!("{name} header missing"))
+        };
+        assert_eq!(header(headers::REASON), *code, "case {name}");
+        assert_eq!(header(headers::SOURCE_TOPIC), names.input);
+        assert!(header(headers::SOURCE_OFFSET).parse::<i64>().is_ok());
+        assert!(header(headers::SOURCE_PARTITION).parse::<i32>().is_ok());
+        assert!(!header(headers::STAGE).is_empty());
+        assert_eq!(header(headers::WORKER_VERSION), env!("CARGO_PKG_VERSION"));
+        assert!(header("trace-id").starts_with('t'), "original header kept");
+        let apache_avro::types::Value::Record(f) = enc.decode(m.payload().unwrap()).unwrap() else { panic!() };
+        let get = |k: &str| f.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap();
+        assert_eq!(get("value"), apache_avro::types::Value::Bytes(original.clone()), "original bytes, case {name}");
+        assert_eq!(get("reason"), apache_avro::types::Value::String(code.to_string()));
+        // PHI never leaves in the dead letter's own fields.
+        let apache_avro::types::Value::String(detail) = get("detail") else { panic!() };
+        assert!(!detail.contains(common::CANARY), "case {name}: {detail}");
+    }
+    assert!(!w.log_text().contains(common::CANARY), "PHI in the worker log");
+    assert_all_committed(&addr, &names);
+}
+
+#[test]
+fn a_flood_of_dead_letters_halts_without_committing() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("flood");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 1);
+    let events: Vec<Event> = (0..50)
+        .map(|i| Event { key: Some(format!("bad-{i}")), value: b"not json".to_vec(), headers: vec![] })
+        .collect();
+    produce(&addr, &names.input, &events);
+    let mut w = Worker::start(&WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        extra: vec![("CLINSTREAM__KAFKA__DEAD_LETTERS__MAX_CONSECUTIVE", "20".into())],
+        dir: dir.path(),
+        tag: "w",
+    });
+    let code = w.wait(Duration::from_secs(60));
+    assert_eq!(code, 1, "{}", w.log_text());
+    assert!(w.log_text().contains("dead_letter_limit"));
+    for (_, committed, _) in committed_and_end(&addr, &names.group, &names.input) {
+        assert!(committed < 20, "committed {committed}: the halt must not commit past the limit");
+    }
+}
+
+fn crash_safety(transactions: bool) {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new(if transactions { "crash-tx" } else { "crash" });
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 4);
+    let n = 4000;
+    produce(&addr, &names.input, &documents("crash", n));
+    let seed = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64;
+    eprintln!("crash test seed {seed}");
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // The restarted worker is the same replica (static membership, as a StatefulSet pod would be): it takes the
+    // killed one's partitions back at once instead of waiting for the dead member's session to expire.
+    let cfg = |tag: &'static str| WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions,
+        extra: vec![
+            ("CLINSTREAM__PIPELINE__IN_FLIGHT", "16".into()),
+            ("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".into()),
+        ],
+        dir: dir.path(),
+        tag,
+    };
+    // Six rounds: start, wait until the worker makes progress, let it work for a random 0–150 ms more, SIGKILL.
+    let mut kills_mid_stream = 0;
+    let mut progress = Vec::new();
+    for round in 0..6 {
+        let before = progress.last().copied().unwrap_or(0);
+        let mut w = Worker::start(&cfg(["k0", "k1", "k2", "k3", "k4", "k5"][round]));
+        wait_until(Duration::from_secs(60), "progress", || {
+            let done = counts_by_key(&read_all(&addr, &names.kg, transactions)).len();
+            done > before || done == n
+        });
+        std::thread::sleep(Duration::from_millis(next() % 150));
+        assert!(w.child.try_wait().unwrap().is_none(), "worker exited on its own:\n{}", w.log_tail(20));
+        w.sigkill();
+        let done = counts_by_key(&read_all(&addr, &names.kg, transactions)).len();
+        progress.push(done);
+        if done < n {
+            kills_mid_stream += 1;
+        }
+    }
+    eprintln!("documents with committed outputs after each kill: {progress:?}");
+    assert!(kills_mid_stream >= 5, "only {kills_mid_stream} kills landed mid-stream: {progress:?}");
+    let kills = kills_mid_stream;
+    let mut w = Worker::start(&cfg("final"));
+    let mut seen = 0;
+    let done = try_wait_until(Duration::from_secs(120), || {
+        seen = counts_by_key(&read_all(&addr, &names.kg, transactions)).len();
+        seen == n
+    });
+    assert!(done, "{seen} of {n} documents have outputs; final worker's log:\n{}", w.log_tail(40));
+    wait_all_committed(&addr, &names, 15);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+
+    let kg = counts_by_key(&read_all(&addr, &names.kg, true));
+    let vars = counts_by_key(&read_all(&addr, &names.variables, true));
+    let per_doc = variables_per_document();
+    for i in 0..n {
+        let id = format!("crash-{i}");
+        let k = kg.get(&id).copied().unwrap_or(0);
+        let v = vars.get(&id).copied().unwrap_or(0);
+        if transactions {
+            assert_eq!(k, 1, "{id}: {k} kg records to a read_committed consumer");
+            assert_eq!(v, per_doc, "{id}: {v} variables records");
+        } else {
+            // At least once: a kill can land between a document's records, so a replay may repeat some of them.
+            assert!(k >= 1, "{id}: no kg record");
+            assert!(v >= per_doc, "{id}: {v} variables records");
+        }
+    }
+    let duplicates: usize = kg.values().map(|c| c - 1).sum();
+    eprintln!("{kills} kills; kg records {} for {n} documents ({duplicates} redelivered)", kg.values().sum::<usize>());
+    assert_all_committed(&addr, &names);
+}
+
+#[test]
+fn crash_safety_at_least_once() {
+    crash_safety(false);
+}
+
+#[test]
+fn crash_safety_exactly_once_with_transactions() {
+    crash_safety(true);
+}
+
+#[test]
+fn rebalance_when_a_worker_leaves_mid_stream() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("rebalance");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 4);
+    let n = 1500;
+    // Slow the stream down (in-flight 1) so the second worker leaves while both have work.
+    let extra = || vec![("CLINSTREAM__PIPELINE__IN_FLIGHT", "1".to_string())];
+    let cfg = |tag: &'static str| WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        extra: extra(),
+        dir: dir.path(),
+        tag,
+    };
+    let mut a = Worker::start(&cfg("a"));
+    let mut b = Worker::start(&cfg("b"));
+    // Both in the group before the events arrive.
+    wait_until(Duration::from_secs(30), "both workers assigned", || {
+        a.log_text().contains("Partitions assigned") && b.log_text().contains("Partitions assigned")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    produce(&addr, &names.input, &documents("reb", n));
+    wait_until(Duration::from_secs(60), "a third of the documents", || distinct_keys(&addr, &names.kg) >= n / 3);
+    b.sigterm();
+    assert_eq!(b.wait(Duration::from_secs(30)), 0, "{}", b.log_text());
+    let b_read: u64 = b
+        .stdout_text()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("documents read").map(|r| r.trim().parse().unwrap()))
+        .expect("summary");
+    assert!(b_read > 0 && b_read < n as u64, "worker b read {b_read}: the partitions were not split");
+    wait_until(Duration::from_secs(90), "every document's outputs", || distinct_keys(&addr, &names.kg) == n);
+    // Some brokers refuse the revocation's commit (a new generation already started); the survivor then
+    // re-processes from the last commit, so give it time to catch up.
+    wait_all_committed(&addr, &names, 90);
+    a.sigterm();
+    assert_eq!(a.wait(Duration::from_secs(30)), 0, "{}", a.log_text());
+    assert!(a.log_text().contains("Drained in-flight documents before release"), "{}", a.log_text());
+    assert_all_committed(&addr, &names);
+    let kg = counts_by_key(&read_all(&addr, &names.kg, true));
+    for i in 0..n {
+        assert!(kg.contains_key(&format!("reb-{i}")), "reb-{i} lost");
+    }
+}
+
+#[test]
+fn sigterm_drains_commits_and_a_restart_redelivers_nothing() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("term");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 3);
+    produce(&addr, &names.input, &documents("first", 400));
+    let cfg = |tag: &'static str| WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        // A long commit interval: only the shutdown commits.
+        extra: vec![("CLINSTREAM__KAFKA__COMMIT_INTERVAL_MS", "600000".to_string())],
+        dir: dir.path(),
+        tag,
+    };
+    let mut w = Worker::start(&cfg("one"));
+    // SIGTERM mid-stream (as soon as some outputs exist).
+    wait_until(Duration::from_secs(60), "first outputs", || distinct_keys(&addr, &names.kg) >= 50);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    let after_first = read_all(&addr, &names.kg, true).len();
+    let committed: i64 = committed_and_end(&addr, &names.group, &names.input).iter().map(|(_, c, _)| (*c).max(0)).sum();
+    assert_eq!(committed as usize, after_first, "committed exactly the documents whose outputs were written");
+
+    produce(&addr, &names.input, &documents("second", 100));
+    let mut w = Worker::start(&cfg("two"));
+    wait_until(Duration::from_secs(60), "all outputs", || distinct_keys(&addr, &names.kg) == 500);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    let kg = read_all(&addr, &names.kg, true);
+    assert_eq!(kg.len(), 500, "a document was delivered twice across the restart");
+    assert_all_committed(&addr, &names);
+}
+
+#[test]
+fn broker_down_at_start_and_restarted_mid_stream() {
+    if !can_start_broker() {
+        return;
+    }
+    let _turn = serial();
+    let names = Names::new("outage");
+    let dir = test_dir();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // The worker starts first: nothing listens on the port yet.
+    let mut w = Worker::start(&WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        extra: vec![],
+        dir: dir.path(),
+        tag: "w",
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(w.child.try_wait().unwrap().is_none(), "the worker gave up without a broker:\n{}", w.log_text());
+    let mut broker = Broker::start(port, data.path());
+    wait_until(Duration::from_secs(60), "topics created by the worker", || {
+        w.log_text().contains("Partitions assigned")
+    });
+    produce(&addr, &names.input, &documents("before", 300));
+    wait_until(Duration::from_secs(60), "outputs before the outage", || distinct_keys(&addr, &names.kg) >= 100);
+    broker.stop();
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(w.child.try_wait().unwrap().is_none(), "the worker died during the outage:\n{}", w.log_text());
+    broker.restart();
+    eprintln!("broker was down {:?}", down.elapsed());
+    produce(&addr, &names.input, &documents("after", 300));
+    wait_until(Duration::from_secs(120), "every document after the restart", || {
+        let keys = counts_by_key(&read_all(&addr, &names.kg, false));
+        (0..300).all(|i| keys.contains_key(&format!("before-{i}")) && keys.contains_key(&format!("after-{i}")))
+    });
+    wait_all_committed(&addr, &names, 30);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+}
+
+#[test]
+fn sigterm_while_waiting_for_an_unreachable_cluster_exits_cleanly() {
+    // No broker needed: nothing listens on this port.
+    let names = Names::new("unreachable");
+    let dir = test_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut w = Worker::start(&WorkerConfig {
+        addr: &addr,
+        names: &names,
+        transactions: false,
+        extra: vec![],
+        dir: dir.path(),
+        tag: "w",
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(w.child.try_wait().unwrap().is_none(), "gave up instead of waiting:\n{}", w.log_text());
+    let asked = Instant::now();
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(20)), 0, "{}", w.log_text());
+    assert!(asked.elapsed() < Duration::from_secs(10), "shutdown took {:?}", asked.elapsed());
+}
