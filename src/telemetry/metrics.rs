@@ -194,8 +194,24 @@ impl Metrics {
     }
 }
 
-/// The process-wide metrics.
+/// The process-wide metrics. Label sets known in advance are created at zero, so dashboards and alerts see
+/// every series (e.g. `clinstream_kafka_commits_total{outcome="failed"} 0`) before the first event.
 pub fn metrics() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
-    M.get_or_init(Metrics::new)
+    M.get_or_init(|| {
+        let m = Metrics::new();
+        for output in ["variables", "kg", "dlq"] {
+            m.records_produced.with_label_values(&[output]);
+        }
+        for outcome in ["ok", "failed"] {
+            m.commits.with_label_values(&[outcome]);
+        }
+        for operation in ["deliver", "commit", "admin", "init"] {
+            m.retries.with_label_values(&[operation]);
+        }
+        for kind in ["assign", "revoke"] {
+            m.rebalances.with_label_values(&[kind]);
+        }
+        m
+    })
 }
