@@ -114,6 +114,12 @@ pub struct DeadLetterLimit {
 }
 
 impl KafkaSettings {
+    /// A numeric librdkafka property as the client will see it: the role's map (`consumer`/`producer`), then
+    /// `common`, then librdkafka's default.
+    pub fn property_ms(&self, role: &BTreeMap<String, String>, key: &str, default: u64) -> u64 {
+        role.get(key).or_else(|| self.common.get(key)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
     /// The transactional id: configured, or `clinstream-<hostname>`.
     pub fn effective_transactional_id(&self) -> String {
         if !self.transactional_id.is_empty() {
@@ -350,12 +356,7 @@ impl Settings {
         if k.halt_after_ms < k.retry_max_ms {
             problems.push("kafka.halt_after_ms: must be at least kafka.retry_max_ms".to_string());
         }
-        let session_ms = k
-            .consumer
-            .get("session.timeout.ms")
-            .or_else(|| k.common.get("session.timeout.ms"))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(45_000);
+        let session_ms = k.property_ms(&k.consumer, "session.timeout.ms", 45_000);
         if k.drain_timeout_ms >= session_ms {
             problems.push(format!(
                 "kafka.drain_timeout_ms: must be below the consumer's session.timeout.ms ({session_ms})"

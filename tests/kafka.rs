@@ -52,14 +52,7 @@ fn happy_path_outputs_and_commits() {
         ("CLINSTREAM__PIPELINE__SOURCE_CHANNEL", "2".to_string()),
         ("CLINSTREAM__KAFKA__PAUSE_AFTER_MS", "100".to_string()),
     ];
-    let mut w = Worker::start(&WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
-        extra,
-        dir: dir.path(),
-        tag: "w",
-    });
+    let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
     wait_until(Duration::from_secs(60), "kg records for every document", || distinct_keys(&addr, &names.kg) == 300);
     // Offsets are committed within the commit interval after the last output is delivered.
     wait_all_committed(&addr, &names, 10);
@@ -140,12 +133,8 @@ fn poison_messages_go_to_the_dead_letter_topic() {
     }
     produce(&addr, &names.input, &events);
     let mut w = Worker::start(&WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
         extra: vec![("CLINSTREAM__KAFKA__DEAD_LETTERS__MAX_CONSECUTIVE", "1000".into())],
-        dir: dir.path(),
-        tag: "w",
+        ..WorkerConfig::new(&addr, &names, dir.path(), "w")
     });
     let n = corpus.len();
     wait_until(Duration::from_secs(60), "all events finished", || {
@@ -200,12 +189,8 @@ fn a_flood_of_dead_letters_halts_without_committing() {
         .collect();
     produce(&addr, &names.input, &events);
     let mut w = Worker::start(&WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
         extra: vec![("CLINSTREAM__KAFKA__DEAD_LETTERS__MAX_CONSECUTIVE", "20".into())],
-        dir: dir.path(),
-        tag: "w",
+        ..WorkerConfig::new(&addr, &names, dir.path(), "w")
     });
     let code = w.wait(Duration::from_secs(60));
     assert_eq!(code, 1, "{}", w.log_text());
@@ -235,15 +220,12 @@ fn crash_safety(transactions: bool) {
     // The restarted worker is the same replica (static membership, as a StatefulSet pod would be): it takes the
     // killed one's partitions back at once instead of waiting for the dead member's session to expire.
     let cfg = |tag: &'static str| WorkerConfig {
-        addr: &addr,
-        names: &names,
         transactions,
         extra: vec![
             ("CLINSTREAM__PIPELINE__IN_FLIGHT", "16".into()),
             ("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".into()),
         ],
-        dir: dir.path(),
-        tag,
+        ..WorkerConfig::new(&addr, &names, dir.path(), tag)
     };
     // Six rounds: start, wait until the worker makes progress, let it work for a random 0–150 ms more, SIGKILL.
     let mut kills_mid_stream = 0;
@@ -318,14 +300,9 @@ fn rebalance_when_a_worker_leaves_mid_stream() {
     create_topic(&addr, &names.input, 4);
     let n = 1500;
     // Slow the stream down (in-flight 1) so the second worker leaves while both have work.
-    let extra = || vec![("CLINSTREAM__PIPELINE__IN_FLIGHT", "1".to_string())];
     let cfg = |tag: &'static str| WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
-        extra: extra(),
-        dir: dir.path(),
-        tag,
+        extra: vec![("CLINSTREAM__PIPELINE__IN_FLIGHT", "1".to_string())],
+        ..WorkerConfig::new(&addr, &names, dir.path(), tag)
     };
     let mut a = Worker::start(&cfg("a"));
     let mut b = Worker::start(&cfg("b"));
@@ -366,14 +343,10 @@ fn sigterm_drains_commits_and_a_restart_redelivers_nothing() {
     let dir = test_dir();
     create_topic(&addr, &names.input, 3);
     produce(&addr, &names.input, &documents("first", 400));
+    // A long commit interval: only the shutdown commits.
     let cfg = |tag: &'static str| WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
-        // A long commit interval: only the shutdown commits.
         extra: vec![("CLINSTREAM__KAFKA__COMMIT_INTERVAL_MS", "600000".to_string())],
-        dir: dir.path(),
-        tag,
+        ..WorkerConfig::new(&addr, &names, dir.path(), tag)
     };
     let mut w = Worker::start(&cfg("one"));
     // SIGTERM mid-stream (as soon as some outputs exist).
@@ -406,14 +379,7 @@ fn broker_down_at_start_and_restarted_mid_stream() {
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     // The worker starts first: nothing listens on the port yet.
-    let mut w = Worker::start(&WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
-        extra: vec![],
-        dir: dir.path(),
-        tag: "w",
-    });
+    let mut w = Worker::start(&WorkerConfig::new(&addr, &names, dir.path(), "w"));
     std::thread::sleep(Duration::from_secs(3));
     assert!(w.child.try_wait().unwrap().is_none(), "the worker gave up without a broker:\n{}", w.log_text());
     let mut broker = Broker::start(port, data.path());
@@ -444,14 +410,7 @@ fn sigterm_while_waiting_for_an_unreachable_cluster_exits_cleanly() {
     let names = Names::new("unreachable");
     let dir = test_dir();
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut w = Worker::start(&WorkerConfig {
-        addr: &addr,
-        names: &names,
-        transactions: false,
-        extra: vec![],
-        dir: dir.path(),
-        tag: "w",
-    });
+    let mut w = Worker::start(&WorkerConfig::new(&addr, &names, dir.path(), "w"));
     std::thread::sleep(Duration::from_secs(3));
     assert!(w.child.try_wait().unwrap().is_none(), "gave up instead of waiting:\n{}", w.log_text());
     let asked = Instant::now();

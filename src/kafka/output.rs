@@ -69,9 +69,6 @@ pub struct Output {
     variables: Encoder,
     kg: Encoder,
     dlq: Encoder,
-    variables_topic: String,
-    kg_topic: String,
-    dlq_topic: String,
     include_text: bool,
     lexicon_version: String,
     settings: crate::config::KafkaSettings,
@@ -89,12 +86,7 @@ impl Output {
         let k = &settings.kafka;
         let mut config = client_config(k, &std::collections::BTreeMap::new());
         // librdkafka requires message.timeout.ms <= transaction.timeout.ms (60 s unless configured).
-        let transaction_timeout_ms = k
-            .producer
-            .get("transaction.timeout.ms")
-            .or_else(|| k.common.get("transaction.timeout.ms"))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(60_000);
+        let transaction_timeout_ms = k.property_ms(&k.producer, "transaction.timeout.ms", 60_000);
         let message_timeout_ms =
             if k.transactions { k.halt_after_ms.min(transaction_timeout_ms) } else { k.halt_after_ms };
         config
@@ -120,9 +112,6 @@ impl Output {
             variables: enc(avro::VARIABLES_SCHEMA, fv)?,
             kg: enc(avro::KG_SCHEMA, fk)?,
             dlq: enc(avro::DLQ_SCHEMA, fd)?,
-            variables_topic: k.variables_topic.clone(),
-            kg_topic: k.kg_topic.clone(),
-            dlq_topic: k.dlq_topic.clone(),
             include_text: settings.output.include_text,
             lexicon_version: lexicon_version.to_string(),
             settings: k.clone(),
@@ -165,14 +154,12 @@ impl Output {
             let value = avro::variable_value(doc, v, &self.lexicon_version, self.include_text);
             let bytes =
                 self.variables.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("variables record: {e}")))?;
-            let topic = self.variables_topic.clone();
-            self.send(Out::Variables, &topic, Some(key), &bytes, None).await?;
+            self.send(Out::Variables, Some(key), &bytes, None).await?;
         }
         if let Some(delta) = &doc.kg {
             let value = avro::kg_value(delta).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
             let bytes = self.kg.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
-            let topic = self.kg_topic.clone();
-            self.send(Out::Kg, &topic, Some(key), &bytes, None).await?;
+            self.send(Out::Kg, Some(key), &bytes, None).await?;
         }
         Ok(())
     }
@@ -207,18 +194,21 @@ impl Output {
         };
         let value = avro::dead_letter_value(letter, &at, record.payload());
         let bytes = self.dlq.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("dead-letter record: {e}")))?;
-        let topic = self.dlq_topic.clone();
-        self.send(Out::Dlq, &topic, m.key(), &bytes, Some(hdrs)).await
+        self.send(Out::Dlq, m.key(), &bytes, Some(hdrs)).await
     }
 
     async fn send(
         &mut self,
         out: Out,
-        topic: &str,
         key: Option<&[u8]>,
         payload: &[u8],
         headers: Option<OwnedHeaders>,
     ) -> Result<(), RunError> {
+        let topic = match out {
+            Out::Variables => self.settings.variables_topic.as_str(),
+            Out::Kg => self.settings.kg_topic.as_str(),
+            Out::Dlq => self.settings.dlq_topic.as_str(),
+        };
         let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(payload);
         if let Some(key) = key {
             record = record.key(key);

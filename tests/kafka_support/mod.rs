@@ -240,7 +240,6 @@ pub fn produce(addr: &str, topic: &str, events: &[Event]) {
         if let Some(k) = &e.key {
             record = record.key(k.as_bytes());
         }
-        let mut record = record;
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -341,6 +340,13 @@ pub struct WorkerConfig<'a> {
     pub extra: Vec<(&'a str, String)>,
     pub dir: &'a Path,
     pub tag: &'a str,
+}
+
+impl<'a> WorkerConfig<'a> {
+    /// Defaults: no transactions, no extra settings.
+    pub fn new(addr: &'a str, names: &'a Names, dir: &'a Path, tag: &'a str) -> Self {
+        WorkerConfig { addr, names, transactions: false, extra: vec![], dir, tag }
+    }
 }
 
 impl Worker {
