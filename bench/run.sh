@@ -9,7 +9,7 @@ LIMIT=${2:-}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/clinstream/target}
 WORK=$CARGO_TARGET_DIR/bench
 mkdir -p "$WORK" bench/results
-cargo build --release --locked -q
+cargo $(tools/toolchain.sh) build --release --locked -q
 BIN=$CARGO_TARGET_DIR/release/clinstream
 
 if [ ! -x .tools/bench-venv/bin/python ] || ! .tools/bench-venv/bin/python -c "import medspacy" 2>/dev/null; then
@@ -20,6 +20,8 @@ fi
 gzip -dc "$SHARED/corpora/mtsamples/mtsamples.csv.gz" > "$WORK/mtsamples.csv"
 echo "clinstream text stages..." >&2
 "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
+echo "embedding: the worker's embedder against a bare ONNX Runtime loop (same model, inputs, batches, threads)..." >&2
+"$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
 echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
 
@@ -28,6 +30,7 @@ import json, os, platform, subprocess, sys, datetime
 work = sys.argv[1]
 c = json.load(open(f"{work}/clinstream.json"))
 m = json.load(open(f"{work}/medspacy.json"))
+e = json.load(open(f"{work}/embed.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -37,6 +40,7 @@ result = {
     "command": "make bench SHARED=../shared",
     "clinstream": c,
     "medspacy": m,
+    "embedding": e,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -56,5 +60,7 @@ print("CLEAR context tokens (largest variable per note) by note length:")
 for b in c["clear_budget"]:
     to = b["words_to"] or "+"
     print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
+print(f"embedding ({e['model']}, {e['provider']}, {e['notes']} notes, {e['inputs']} sentence groups, {e['tokens']} tokens): "
+      f"worker {e['worker_tokens_per_s']:.0f} tokens/s, bare ORT loop {e['bare_tokens_per_s']:.0f} tokens/s, ratio {e['ratio']:.3f}")
 print(f"wrote {path}")
 PY

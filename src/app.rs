@@ -23,6 +23,7 @@ use tracing::{debug, error, info};
 use crate::config::Settings;
 use crate::error::{DocError, ErrorCode, Stage};
 use crate::health::{self, Readiness};
+use crate::index::Indexer;
 use crate::model::Document;
 use crate::sink::file::FileSink;
 use crate::sink::{DeadLetter, Sink, SinkError};
@@ -55,6 +56,12 @@ pub enum RunError {
     /// Kafka mode: a failure that stops the worker without committing (the message is PHI-free).
     #[error("{code}: {detail}")]
     Kafka { code: ErrorCode, detail: String },
+    /// Embedding or the vector store failed for good (the message is PHI-free).
+    #[error("{code}: {detail}")]
+    Index { code: ErrorCode, detail: String },
+    /// The embedding model or the store could not be started.
+    #[error("{0}")]
+    IndexStartup(String),
 }
 
 impl RunError {
@@ -64,7 +71,8 @@ impl RunError {
             RunError::Sink(_) => ErrorCode::SinkIo,
             RunError::Config(_) => ErrorCode::ConfigInvalid,
             RunError::Listen { .. } => ErrorCode::ListenFailed,
-            RunError::Kafka { code, .. } => *code,
+            RunError::Kafka { code, .. } | RunError::Index { code, .. } => *code,
+            RunError::IndexStartup(_) => ErrorCode::EmbedFailed,
         }
     }
 }
@@ -164,6 +172,56 @@ pub(crate) async fn into_result(origin: &Origin, pending: Pending) -> Result<Doc
     }
 }
 
+/// Starts the embedder and opens the store when indexing is on (`embed.enabled` and a store); sets build info.
+pub(crate) async fn start_indexer(settings: &Settings, pipeline: &Pipeline) -> Result<Option<Arc<Indexer>>, RunError> {
+    let version = crate::sink::records::WORKER_VERSION;
+    let lexicon = pipeline.lexicon().version();
+    if !settings.embed.enabled || settings.store.kind == "none" {
+        metrics().build_info.with_label_values(&[version, lexicon, "none", "none"]).set(1);
+        return Ok(None);
+    }
+    let indexer = Indexer::start(settings, pipeline.compiled()).await.map_err(RunError::IndexStartup)?;
+    let info = indexer.embedder().info();
+    metrics().build_info.with_label_values(&[version, lexicon, &info.name, info.provider]).set(1);
+    info!(store = indexer.store().kind(), model = %info.name, "Indexing chunks.");
+    Ok(Some(Arc::new(indexer)))
+}
+
+/// One event's work as a task: the text stages on the blocking pool, then (when indexing) chunks, vectors and
+/// points, awaited before the document counts as done.
+pub(crate) fn spawn_document(
+    pipeline: Arc<Pipeline>,
+    indexer: Option<Arc<Indexer>>,
+    process: impl FnOnce(&Pipeline) -> Result<Document, Rejected> + Send + 'static,
+) -> JoinHandle<Result<Document, Rejected>> {
+    tokio::spawn(async move {
+        let doc = match tokio::task::spawn_blocking(move || process(&pipeline)).await {
+            Ok(result) => result?,
+            Err(join_error) => {
+                error!(panic = join_error.is_panic(), "A stage failed unexpectedly.");
+                return Err(Rejected {
+                    error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
+                    doc_id: None,
+                });
+            }
+        };
+        if let Some(indexer) = indexer {
+            let clock = Instant::now();
+            if let Err(error) = indexer.index(&doc).await {
+                return Err(Rejected { error, doc_id: Some(doc.note.doc_id.clone()) });
+            }
+            metrics().stage_duration.with_label_values(&["index"]).observe(clock.elapsed().as_secs_f64());
+        }
+        Ok(doc)
+    })
+}
+
+/// A rejection whose code halts the worker (the index failed) rather than dead-lettering the event.
+pub(crate) fn halting(rejected: &Rejected) -> Option<RunError> {
+    (rejected.error.disposition() == crate::error::Disposition::Halt)
+        .then(|| RunError::Index { code: rejected.error.code, detail: rejected.error.detail.clone() })
+}
+
 /// Serves /metrics, /healthz and /readyz when enabled; the returned readiness starts false.
 pub(crate) async fn start_health(settings: &Settings) -> Result<Readiness, RunError> {
     let readiness = Readiness::default();
@@ -217,12 +275,10 @@ pub async fn run_files(
     let readiness = start_health(settings).await?;
     let plan = file::plan(&opts.inputs)?;
     let pipeline = Arc::new(Pipeline::new(settings).map_err(RunError::Config)?);
+    let indexer = start_indexer(settings, &pipeline).await?;
     let startup = startup.elapsed();
     let m = metrics();
     m.startup_duration.set(startup.as_secs_f64());
-    m.build_info
-        .with_label_values(&[crate::sink::records::WORKER_VERSION, pipeline.lexicon().version(), "none", "none"])
-        .set(1);
     let started = Instant::now();
     let progress = progress_bar(opts.progress, &plan);
     let mut sink =
@@ -247,7 +303,7 @@ pub async fn run_files(
     loop {
         if in_flight.len() >= capacity {
             if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
-                failure = Some(e.into());
+                failure = Some(e);
                 break;
             }
             continue;
@@ -256,7 +312,7 @@ pub async fn run_files(
         // slow source must not hold results (and, with Kafka, acknowledgements) back.
         while matches!(in_flight.front(), Some((_, Pending::Rejected(_)))) {
             if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
-                failure = Some(e.into());
+                failure = Some(e);
                 break;
             }
         }
@@ -276,7 +332,7 @@ pub async fn run_files(
                     front.1 = Pending::Done(Box::new(done));
                 }
                 if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
-                    failure = Some(e.into());
+                    failure = Some(e);
                     break;
                 }
                 continue;
@@ -293,9 +349,9 @@ pub async fn run_files(
                 summary.read += 1;
                 m.documents_consumed.inc();
                 m.in_flight.inc();
-                let pipeline = Arc::clone(&pipeline);
                 let origin = envelope.origin.clone();
-                let task = tokio::task::spawn_blocking(move || pipeline.process(&envelope.payload));
+                let task =
+                    spawn_document(Arc::clone(&pipeline), indexer.clone(), move |p| p.process(&envelope.payload));
                 in_flight.push_back((origin, Pending::Task(task)));
             }
             Some(Ok(SourceEvent::Oversized { origin, bytes })) => {
@@ -325,12 +381,17 @@ pub async fn run_files(
     drop(rx);
     while !in_flight.is_empty() {
         if let Err(e) = finish_oldest(&mut in_flight, &mut sink, &mut summary).await {
-            failure.get_or_insert(e.into());
+            failure.get_or_insert(e);
             break;
         }
     }
     if let Err(e) = sink.flush() {
         failure.get_or_insert(e.into());
+    }
+    if let Some(indexer) = &indexer
+        && let Err(e) = indexer.store().flush().await
+    {
+        failure.get_or_insert(RunError::Index { code: ErrorCode::StoreFailed, detail: e.message });
     }
     progress.finish_and_clear();
     readiness.set(false);
@@ -357,7 +418,7 @@ async fn finish_oldest(
     in_flight: &mut VecDeque<(Origin, Pending)>,
     sink: &mut impl Sink,
     summary: &mut Summary,
-) -> Result<(), SinkError> {
+) -> Result<(), RunError> {
     let Some((origin, pending)) = in_flight.pop_front() else { return Ok(()) };
     let result = into_result(&origin, pending).await;
     metrics().in_flight.dec();
@@ -367,6 +428,10 @@ async fn finish_oldest(
             sink.document(&doc, &origin)?;
             summary.written += 1;
             observe_document(&doc, clock.elapsed());
+        }
+        Err(rejected) if halting(&rejected).is_some() => {
+            error!(code = rejected.error.code.as_str(), origin = %origin, "Indexing failed; stopping.");
+            return Err(halting(&rejected).expect("checked"));
         }
         Err(Rejected { error, doc_id }) => {
             observe_dead_letter(error.code);

@@ -173,3 +173,98 @@ pub fn target_terms(pipeline: &Pipeline) -> Vec<serde_json::Value> {
     }
     out
 }
+
+/// Embedding throughput inside the worker against a bare ONNX Runtime loop over the same inputs (`make bench`).
+#[derive(Debug, serde::Serialize)]
+pub struct EmbedBench {
+    pub model: String,
+    pub provider: String,
+    pub notes: usize,
+    pub inputs: usize,
+    pub tokens: usize,
+    pub intra_threads: usize,
+    pub batch_tokens: usize,
+    pub max_batch: usize,
+    /// Best of the runs, real (unpadded) tokens per second.
+    pub worker_tokens_per_s: f64,
+    pub bare_tokens_per_s: f64,
+    pub ratio: f64,
+    pub runs: usize,
+}
+
+/// The SEOS sentence groups (each sentence with one neighbour on each side) of each note: the embedder's main
+/// load in the worker. One request per note.
+pub fn embed_inputs(pipeline: &Pipeline, events: &[Vec<u8>], embedder: &crate::embed::Embedder) -> Vec<Vec<Vec<u32>>> {
+    events
+        .iter()
+        .filter_map(|e| pipeline.process(e).ok())
+        .map(|doc| {
+            let s = &doc.sentences;
+            let groups: Vec<&str> = (0..s.len())
+                .map(|i| &doc.note.text[s[i.saturating_sub(1)].start..s[(i + 1).min(s.len() - 1)].end])
+                .collect();
+            embedder.encode(&groups).unwrap_or_default()
+        })
+        .filter(|g| !g.is_empty())
+        .collect()
+}
+
+/// Runs the worker path (the embedder handle, one concurrent request per note, at most `in_flight` at once) and
+/// the bare loop alternately, `runs` times each, and keeps the best of each.
+pub fn embed(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+    runs: usize,
+) -> Result<EmbedBench, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let embedder = crate::embed::Embedder::start(&settings.embed).map_err(|e| e.0)?;
+    let per_note = embed_inputs(pipeline, events, &embedder);
+    let all: Vec<Vec<u32>> = per_note.iter().flatten().cloned().collect();
+    let tokens: usize = all.iter().map(Vec::len).sum();
+    let in_flight = settings.pipeline.in_flight;
+    let (mut best_worker, mut best_bare) = (0f64, 0f64);
+    for _ in 0..runs.max(1) {
+        let (bare_tokens, took) = crate::embed::bare_loop(&settings.embed, &all).map_err(|e| e.0)?;
+        best_bare = best_bare.max(bare_tokens as f64 / took.as_secs_f64());
+        let took = rt.block_on(async {
+            let clock = Instant::now();
+            let semaphore = std::sync::Arc::new(tokio::sync::Semaphore::new(in_flight));
+            let mut tasks = Vec::new();
+            for inputs in &per_note {
+                let permit = semaphore.clone().acquire_owned().await.expect("open semaphore");
+                let e = embedder.clone();
+                let inputs = inputs.clone();
+                tasks.push(tokio::spawn(async move {
+                    let r = e.embed_ids(inputs).await;
+                    drop(permit);
+                    r
+                }));
+            }
+            for t in tasks {
+                t.await.map_err(|e| e.to_string())?.map_err(|e| e.0)?;
+            }
+            Ok::<_, String>(clock.elapsed())
+        })?;
+        best_worker = best_worker.max(tokens as f64 / took.as_secs_f64());
+    }
+    let info = embedder.info();
+    Ok(EmbedBench {
+        model: info.name.clone(),
+        provider: info.provider.to_string(),
+        notes: per_note.len(),
+        inputs: all.len(),
+        tokens,
+        intra_threads: settings.embed.intra_threads,
+        batch_tokens: settings.embed.batch_tokens,
+        max_batch: settings.embed.max_batch,
+        worker_tokens_per_s: best_worker,
+        bare_tokens_per_s: best_bare,
+        ratio: best_worker / best_bare,
+        runs: runs.max(1),
+    })
+}

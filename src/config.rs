@@ -35,6 +35,81 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     pub log: LogSettings,
     pub kafka: KafkaSettings,
+    pub embed: EmbedSettings,
+    pub chunking: ChunkSettings,
+    pub store: StoreSettings,
+}
+
+/// The embedding model and its batching (docs/embedding.md).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedSettings {
+    /// Embed and index chunks; `false` (or `run --no-embed`) runs every other stage (text-only workers).
+    pub enabled: bool,
+    /// A sentence-transformers model exported to ONNX: `model.onnx` + `tokenizer.json` (+ optional
+    /// `sentence_bert_config.json`, `config.json`).
+    pub model_dir: String,
+    /// The ONNX Runtime shared library (`ORT_DYLIB_PATH` is used when this is empty).
+    pub ort_library: String,
+    /// `cpu` or `cuda` (CUDA fails start-up when the provider cannot be registered; it never falls back).
+    pub execution_provider: String,
+    pub cuda_device: i32,
+    /// ONNX Runtime intra-op threads; 0 = its default (one per physical core).
+    pub intra_threads: usize,
+    /// Longest input in tokens (special tokens included); 0 = the model's own (`max_seq_length`, else
+    /// `max_position_embeddings`).
+    pub max_tokens: usize,
+    /// Tokens per batch, padding counted (longest input × inputs).
+    pub batch_tokens: usize,
+    /// Inputs per batch at most.
+    pub max_batch: usize,
+    /// How long a partial batch waits for more inputs.
+    pub linger_ms: u64,
+    /// Model output to use: a pooled `[batch, dim]` output by name, or empty = `sentence_embedding` when present,
+    /// else mean pooling of the first `[batch, seq, dim]` output. The vector is L2-normalised either way.
+    pub output: String,
+    /// Requests waiting for the model thread at most (backpressure to the documents).
+    pub queue: usize,
+}
+
+/// How notes become chunks (docs/embedding.md).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkSettings {
+    /// `seos` (semantic: cut at the largest embedding shifts) or `fixed` (pack sentences up to the budget).
+    pub strategy: String,
+    /// SEOS: neighbours on each side in a sentence group.
+    pub group_neighbours: usize,
+    /// Tokens per chunk at most (without the model's special tokens); also sets SEOS's breakpoint count.
+    pub chunk_tokens: usize,
+    /// Sentences repeated from the previous chunk at the start of the next.
+    pub overlap_sentences: usize,
+    /// Whether a chunk may span a section boundary.
+    pub cross_sections: bool,
+}
+
+/// Where chunk vectors go (docs/embedding.md).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    /// `embedded` (the Qdrant engine in-process, at `path`), `qdrant` (a server at `url`) or `none`.
+    pub kind: String,
+    /// Embedded store directory (relative to the working directory).
+    pub path: String,
+    pub collection: String,
+    /// Qdrant server gRPC URL (`https://` for TLS).
+    pub url: String,
+    /// Qdrant API key (empty = none). Prefer `CLINSTREAM__STORE__API_KEY` from a Secret.
+    pub api_key: String,
+    /// Keep vectors and payload on disk (server collections and the embedded store).
+    pub on_disk: bool,
+    /// Points per upsert request.
+    pub upsert_batch: usize,
+    pub timeout_ms: u64,
+    /// Transient store failures are retried with capped backoff for this long, then the worker halts.
+    pub halt_after_ms: u64,
+    /// BM25 average chunk length (words) for the sparse vector.
+    pub bm25_avg_len: f64,
 }
 
 /// Kafka mode (docs/kafka.md). The three passthrough maps go to librdkafka unchanged; secrets in them are
@@ -312,10 +387,60 @@ impl Settings {
             problems.push(format!("metrics.addr: `{}` is not host:port (e.g. 0.0.0.0:9464)", self.metrics.addr));
         }
         self.validate_kafka(&mut problems);
+        self.validate_embed(&mut problems);
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    fn validate_embed(&self, problems: &mut Vec<String>) {
+        let (e, c, st) = (&self.embed, &self.chunking, &self.store);
+        if !["cpu", "cuda"].contains(&e.execution_provider.as_str()) {
+            problems.push(format!("embed.execution_provider: `{}` is not cpu or cuda", e.execution_provider));
+        }
+        if e.max_batch == 0 {
+            problems.push("embed.max_batch: must be at least 1".to_string());
+        }
+        if e.queue == 0 {
+            problems.push("embed.queue: must be at least 1".to_string());
+        }
+        if e.max_tokens != 0 && e.max_tokens < 16 {
+            problems.push("embed.max_tokens: must be 0 (the model's) or at least 16".to_string());
+        }
+        if e.max_tokens != 0 && e.batch_tokens < e.max_tokens {
+            problems.push("embed.batch_tokens: must be at least embed.max_tokens".to_string());
+        }
+        if !["seos", "fixed"].contains(&c.strategy.as_str()) {
+            problems.push(format!("chunking.strategy: `{}` is not seos or fixed", c.strategy));
+        }
+        if c.chunk_tokens < 16 {
+            problems.push("chunking.chunk_tokens: must be at least 16".to_string());
+        }
+        if e.max_tokens != 0 && c.chunk_tokens + 2 > e.max_tokens {
+            problems.push("chunking.chunk_tokens: must leave room for 2 special tokens within embed.max_tokens".into());
+        }
+        if c.overlap_sentences > 4 {
+            problems.push("chunking.overlap_sentences: must be at most 4".to_string());
+        }
+        if c.group_neighbours > 8 {
+            problems.push("chunking.group_neighbours: must be at most 8".to_string());
+        }
+        match st.kind.as_str() {
+            "embedded" if st.path.trim().is_empty() => problems.push("store.path: must not be empty".to_string()),
+            "qdrant" if st.url.trim().is_empty() => problems.push("store.url: must not be empty".to_string()),
+            "embedded" | "qdrant" | "none" => {}
+            other => problems.push(format!("store.kind: `{other}` is not embedded, qdrant or none")),
+        }
+        if st.collection.trim().is_empty() {
+            problems.push("store.collection: must not be empty".to_string());
+        }
+        if !(1..=4096).contains(&st.upsert_batch) {
+            problems.push("store.upsert_batch: must be between 1 and 4096".to_string());
+        }
+        if !(st.bm25_avg_len.is_finite() && st.bm25_avg_len > 0.0) {
+            problems.push("store.bm25_avg_len: must be a positive number".to_string());
+        }
     }
 
     fn validate_kafka(&self, problems: &mut Vec<String>) {

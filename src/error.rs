@@ -35,6 +35,7 @@ pub enum Stage {
     Sink,
     Startup,
     Commit,
+    Index,
 }
 
 impl Stage {
@@ -47,6 +48,7 @@ impl Stage {
             Stage::Sink => "sink",
             Stage::Startup => "startup",
             Stage::Commit => "commit",
+            Stage::Index => "index",
         }
     }
 }
@@ -114,6 +116,9 @@ error_codes! {
     CommitFailed => "commit_failed", Halt, "Offsets (or a transaction) could not be committed within `kafka.halt_after_ms`; the worker stops and the uncommitted events are redelivered.";
     DeadLetterLimit => "dead_letter_limit", Halt, "Too many events were dead-lettered (`kafka.dead_letters`); the worker stops instead of dead-lettering a whole topic after a bad deploy.";
     RebalanceDrainTimeout => "rebalance_drain_timeout", Retry, "Revoked partitions' in-flight documents did not finish within `kafka.drain_timeout_ms`; their offsets stay uncommitted and the new owner redelivers them.";
+    EmbedFailed => "embed_failed", Halt, "The embedding model failed (tokenizer, ONNX Runtime, GPU); the worker stops without committing.";
+    StoreUnavailable => "store_unavailable", Halt, "The vector store stayed unavailable (or overloaded) for `store.halt_after_ms` despite retries; the worker stops without committing.";
+    StoreFailed => "store_failed", Halt, "The vector store refused a write for a reason retrying cannot fix (wrong collection, bad request).";
     SourceIo => "source_io", Halt, "The input could not be read (file missing, permission, I/O error).";
     SinkIo => "sink_io", Halt, "An output could not be written.";
     ListenFailed => "listen_failed", Halt, "The metrics and health address (`metrics.addr`) could not be bound.";

@@ -65,10 +65,10 @@ impl Graph {
         if self.replaced.contains(&d.doc_id) {
             return false;
         }
-        if let Some(known) = self.versions.get(&d.doc_id) {
-            if compare_versions(&d.version, known) == Ordering::Less {
-                return false;
-            }
+        if let Some(known) = self.versions.get(&d.doc_id)
+            && compare_versions(&d.version, known) == Ordering::Less
+        {
+            return false;
         }
         for r in &d.replaces {
             self.retract(r);

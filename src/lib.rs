@@ -6,6 +6,9 @@
 //! * `bench` — benchmark helpers (`clinstream bench text`).
 //! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
 //! * `error` — every error code with its disposition (dead-letter / retry / halt).
+//! * `embed` — the embedder: one ONNX Runtime model thread, batching across documents, a clonable handle.
+//! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
+//! * `store` — the vector store: Qdrant in-process (`qdrant-edge`) or a server (`qdrant-client`), same points.
 //! * `eval` — evaluation commands over labelled sets (negex, openi, sdoh).
 //! * `health` — `/metrics`, `/healthz`, `/readyz` on `metrics.addr`.
 //! * `kg` — the reference consumer of the knowledge-graph stream (materialize to JSON / GraphML).
@@ -22,14 +25,18 @@ pub mod app;
 pub mod bench;
 pub mod config;
 pub mod docs;
+pub mod embed;
 pub mod error;
 pub mod eval;
 pub mod health;
+pub mod index;
 pub mod kafka;
 pub mod kg;
 pub mod lexicon;
 pub mod model;
+pub mod search;
 pub mod sink;
 pub mod source;
 pub mod stages;
+pub mod store;
 pub mod telemetry;

@@ -41,6 +41,29 @@ enum Command {
         /// Do not draw a progress bar.
         #[arg(long)]
         no_progress: bool,
+        /// Text stages only: no chunk embedding and no vector store (same as `embed.enabled = false`).
+        #[arg(long)]
+        no_embed: bool,
+    },
+    /// Search the indexed chunks (dense + BM25 fused by RRF) in the configured store — by default the embedded
+    /// store that `clinstream run` writes (`store.path`, relative to the working directory).
+    Search {
+        /// What to look for.
+        #[arg(long, short)]
+        query: String,
+        /// Only this patient's chunks (the FHIR reference as indexed, e.g. `Patient/123`).
+        #[arg(long)]
+        patient: Option<String>,
+        /// Only chunks of this section (canonical name, e.g. `assessment_and_plan`).
+        #[arg(long)]
+        section: Option<String>,
+        #[arg(long, short = 'k', default_value_t = 5)]
+        top: usize,
+        /// Print the hits with their whole payload as JSON lines.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Publish DocumentReference events (NDJSON, Bundles, Bulk-FHIR, `-` for stdin) onto a Kafka topic, keyed by
     /// resource id, using the `kafka.*` connection settings.
@@ -160,6 +183,23 @@ enum BenchCommand {
         #[arg(long)]
         targets_out: Option<PathBuf>,
     },
+    /// Embedding tokens/s inside the worker (handle, batching thread) against a bare ONNX Runtime loop over the
+    /// same model, inputs, batch plan and threads; prints JSON with the ratio. Uses the `embed.*` settings
+    /// (`--config` or CLINSTREAM__EMBED__EXECUTION_PROVIDER=cuda for the GPU).
+    Embed {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        /// Notes to take from the CSV.
+        #[arg(long, default_value_t = 200)]
+        limit: usize,
+        /// Alternating runs of each side; the best of each is kept.
+        #[arg(long, default_value_t = 2)]
+        runs: usize,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -201,8 +241,11 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run { config, input, out, include_text, no_progress } => {
-            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+        Command::Run { config, input, out, include_text, no_progress, no_embed } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            if no_embed {
+                settings.embed.enabled = false;
+            }
             clinstream::telemetry::init_logging(&settings.log)
                 .map_err(anyhow::Error::msg)
                 .context("setting up logging")?;
@@ -249,6 +292,22 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 "sent {} events to {topic} ({} without an id key, {} over 16 MiB skipped)",
                 summary.sent, summary.without_key, summary.skipped_oversized
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Search { query, patient, section, top, json, config } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            settings.log.level = "warn".into();
+            clinstream::telemetry::init_logging(&settings.log).map_err(anyhow::Error::msg)?;
+            let hits = runtime(&settings)?
+                .block_on(clinstream::search::search(
+                    &settings,
+                    &query,
+                    patient.as_deref(),
+                    section.as_deref(),
+                    top.max(1),
+                ))
+                .map_err(anyhow::Error::msg)?;
+            print!("{}", clinstream::search::render(&hits, json));
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Print { config } } => {
@@ -317,6 +376,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let (_, pipeline) = pipeline(config.as_deref())?;
             let text = if text == "-" { std::io::read_to_string(std::io::stdin())? } else { text };
             print!("{}", clinstream::docs::explain(&pipeline, text));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Embed { csv, column, limit, runs, config } } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let events = clinstream::bench::events(&csv, &column, Some(limit)).context("reading the corpus")?;
+            let r = clinstream::bench::embed(&settings, &pipeline, &events, runs).map_err(anyhow::Error::msg)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { command: BenchCommand::Text { csv, column, limit, threads, targets_out } } => {

@@ -19,6 +19,8 @@ fn clinstream() -> Command {
         }
     }
     cmd.env("CLINSTREAM__LOG__FORMAT", "json");
+    // These tests are about the text stages; embedding and the vector store are tested in tests/embed.rs.
+    cmd.env("CLINSTREAM__EMBED__ENABLED", "false");
     // Tests run in parallel: each worker serves metrics on a free port.
     cmd.env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0");
     cmd

@@ -40,6 +40,7 @@ fn worker(port: u16, out: &Path) -> Child {
         .arg(out)
         .env("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{port}"))
         .env("CLINSTREAM__LOG__FORMAT", "json")
+        .env("CLINSTREAM__EMBED__ENABLED", "false")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -175,10 +176,10 @@ fn a_real_prometheus_scrapes_the_worker() {
         while start.elapsed() < Duration::from_secs(60) {
             if let Some((200, body)) = http_get(prom_port, "/api/v1/query?query=clinstream_documents_consumed_total") {
                 let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-                if let Some(value) = v["data"]["result"][0]["value"][1].as_str() {
-                    if value.parse::<f64>().ok() == Some(n as f64) {
-                        return true;
-                    }
+                if let Some(value) = v["data"]["result"][0]["value"][1].as_str()
+                    && value.parse::<f64>().ok() == Some(n as f64)
+                {
+                    return true;
                 }
                 last = body;
             }
@@ -289,6 +290,12 @@ fn the_helm_chart_renders_and_lints() {
     {
         assert!(deployment.contains(expected), "GPU deployment lacks {expected}:\n{deployment}");
     }
+    assert!(deployment.contains("CLINSTREAM__STORE__API_KEY"), "the Qdrant API key reaches store.api_key");
+    let configmap = m["clinstream/templates/configmap.yaml"].as_str().unwrap();
+    assert!(
+        configmap.contains("CLINSTREAM__EMBED__EXECUTION_PROVIDER: \"cuda\""),
+        "GPU values select CUDA: {configmap}"
+    );
     assert!(!deployment.contains("replicas:"), "KEDA owns the replica count");
     assert!(m["clinstream/templates/servicemonitor.yaml"].as_str().unwrap().contains("kind: ServiceMonitor"));
     assert!(m["clinstream/templates/keda.yaml"].as_str().unwrap().contains("kind: ScaledObject"));

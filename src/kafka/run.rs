@@ -72,6 +72,7 @@ impl DeadLetterGuard {
 struct Runner<'a> {
     settings: &'a Settings,
     pipeline: Arc<Pipeline>,
+    indexer: Option<Arc<crate::index::Indexer>>,
     output: Output,
     intake: IntakeHandle,
     in_flight: VecDeque<Entry>,
@@ -86,22 +87,19 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
     let readiness = app::start_health(settings).await?;
     let pipeline = Arc::new(Pipeline::new(settings).map_err(RunError::Config)?);
     let k = &settings.kafka;
-    metrics()
-        .build_info
-        .with_label_values(&[crate::sink::records::WORKER_VERSION, pipeline.lexicon().version(), "none", "none"])
-        .set(1);
     tokio::pin!(shutdown);
     // Connecting can wait on an unreachable cluster for up to `kafka.halt_after_ms`; a shutdown signal ends it.
     let connect = async {
+        let indexer = app::start_indexer(settings, &pipeline).await?;
         if k.create_topics {
             admin::ensure_topics(k).await?;
         }
         let framing = [Framing::SingleObject, Framing::SingleObject, Framing::SingleObject];
         let output = Output::new(settings, pipeline.lexicon().version(), framing).await?;
         let (intake, rx) = consumer::start(settings).map_err(RunError::Config)?;
-        Ok::<_, RunError>((output, intake, rx))
+        Ok::<_, RunError>((indexer, output, intake, rx))
     };
-    let (output, intake, rx) = tokio::select! {
+    let (indexer, output, intake, rx) = tokio::select! {
         connected = connect => connected?,
         _ = &mut shutdown => {
             info!("Shutdown requested while connecting; nothing was consumed.");
@@ -120,6 +118,7 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
     let mut runner = Runner {
         settings,
         pipeline,
+        indexer,
         output,
         intake,
         in_flight: VecDeque::with_capacity(settings.pipeline.in_flight),
@@ -134,6 +133,11 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
     runner.summary.elapsed = started.elapsed();
     match result {
         Ok(()) => {
+            if let Some(indexer) = &runner.indexer
+                && let Err(e) = indexer.store().flush().await
+            {
+                warn!(error = %e.message, "Could not flush the embedded store (its WAL keeps the points).");
+            }
             let summary = runner.summary.clone();
             runner.intake.close();
             info!(
@@ -234,9 +238,10 @@ impl Runner<'_> {
                     );
                     Pending::Rejected(Rejected { error, doc_id: None })
                 } else {
-                    let pipeline = Arc::clone(&self.pipeline);
                     let r = Arc::clone(&record);
-                    Pending::Task(tokio::task::spawn_blocking(move || pipeline.process(r.payload())))
+                    Pending::Task(app::spawn_document(Arc::clone(&self.pipeline), self.indexer.clone(), move |p| {
+                        p.process(r.payload())
+                    }))
                 };
                 self.in_flight.push_back(Entry { origin, record, pending });
             }
@@ -273,6 +278,10 @@ impl Runner<'_> {
                 self.summary.written += 1;
                 app::observe_document(&doc, clock.elapsed());
                 false
+            }
+            Err(rejected) if app::halting(&rejected).is_some() => {
+                warn!(code = rejected.error.code.as_str(), "Indexing failed; stopping without committing.");
+                return Err(app::halting(&rejected).expect("checked"));
             }
             Err(Rejected { error, doc_id }) => {
                 app::observe_dead_letter(error.code);

@@ -81,10 +81,10 @@ impl PhraseMatcher {
                 continue;
             }
             let id = m.pattern().as_u32();
-            if let Some(exact) = &self.exact[id as usize] {
-                if &bytes[start..end] != exact.as_ref() {
-                    continue;
-                }
+            if let Some(exact) = &self.exact[id as usize]
+                && &bytes[start..end] != exact.as_ref()
+            {
+                continue;
             }
             out.push(PhraseMatch { start, end, phrase: id });
         }

@@ -96,13 +96,13 @@ pub fn decode_base64(data: &str, max_bytes: usize) -> Result<Vec<u8>, DocError> 
 
 /// Checks `size` and (when asked) `hash`. Returns whether a hash was verified.
 pub fn verify(bytes: &[u8], size: Option<u64>, hash: Option<&str>, verify_hash: bool) -> Result<bool, DocError> {
-    if let Some(size) = size {
-        if size != bytes.len() as u64 {
-            return Err(DocError::decode(
-                ErrorCode::SizeMismatch,
-                format!("attachment.size is {size} but the data decodes to {} bytes", bytes.len()),
-            ));
-        }
+    if let Some(size) = size
+        && size != bytes.len() as u64
+    {
+        return Err(DocError::decode(
+            ErrorCode::SizeMismatch,
+            format!("attachment.size is {size} but the data decodes to {} bytes", bytes.len()),
+        ));
     }
     let Some(hash) = hash.filter(|_| verify_hash) else { return Ok(false) };
     let expected = BASE64.decode(hash.trim()).ok().filter(|d| d.len() == 20).ok_or_else(|| {
@@ -152,7 +152,7 @@ fn utf8(bytes: &[u8]) -> Result<String, DocError> {
 }
 
 fn utf16(bytes: &[u8], read: fn([u8; 2]) -> u16) -> Result<String, DocError> {
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(DocError::decode(ErrorCode::InvalidUtf16, "UTF-16 data has an odd number of bytes"));
     }
     let units = bytes.chunks_exact(2).map(|c| read([c[0], c[1]]));

@@ -118,13 +118,13 @@ pub fn note_from(doc: DocumentReference, p: &DecodeParams) -> Result<Note, DocEr
     if !is_valid_id(&doc_id) {
         return Err(DocError::decode(ErrorCode::InvalidId, "id does not match [A-Za-z0-9-.]{1,64}"));
     }
-    if let Some(status) = doc.status.as_deref() {
-        if !STATUSES.contains(&status) {
-            return Err(DocError::decode(
-                ErrorCode::InvalidStatus,
-                "status is not one of current, superseded, entered-in-error",
-            ));
-        }
+    if let Some(status) = doc.status.as_deref()
+        && !STATUSES.contains(&status)
+    {
+        return Err(DocError::decode(
+            ErrorCode::InvalidStatus,
+            "status is not one of current, superseded, entered-in-error",
+        ));
     }
     let (index, att) = choose_attachment(&doc.content, p)?;
     let media = MediaType::parse(att.content_type.as_deref().unwrap_or(""));

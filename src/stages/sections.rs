@@ -226,12 +226,14 @@ fn scan_line(text: &str, start: usize, end: usize, out: &mut Vec<Header>) {
             while j < end && (bytes[j] == b' ' || bytes[j] == b'\t') {
                 j += 1;
             }
-            if j < end && bytes[j].is_ascii_alphabetic() && !(bytes[i] == b'.' && j == i + 1) {
-                if let Some(h) = colon_header(text, j, end, false) {
-                    i = h.body_start;
-                    out.push(h);
-                    continue;
-                }
+            if j < end
+                && bytes[j].is_ascii_alphabetic()
+                && !(bytes[i] == b'.' && j == i + 1)
+                && let Some(h) = colon_header(text, j, end, false)
+            {
+                i = h.body_start;
+                out.push(h);
+                continue;
             }
         }
         i += 1;

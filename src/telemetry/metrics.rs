@@ -31,6 +31,15 @@ pub const NAMES: &[&str] = &[
     KAFKA_REBALANCES,
     KAFKA_ASSIGNED,
     CONSUMER_LAG,
+    EMBED_BATCH_ITEMS,
+    EMBED_BATCH_TOKENS,
+    EMBED_TOKENS,
+    EMBED_DURATION,
+    EMBED_TOKENS_PER_SECOND,
+    STORE_UPSERT_DURATION,
+    STORE_POINTS,
+    STORE_RETRIES,
+    CHUNKS_PER_DOCUMENT,
 ];
 
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
@@ -50,6 +59,15 @@ pub const KAFKA_PAUSED: &str = "clinstream_kafka_paused";
 pub const KAFKA_REBALANCES: &str = "clinstream_kafka_rebalances_total";
 pub const KAFKA_ASSIGNED: &str = "clinstream_kafka_assigned_partitions";
 pub const CONSUMER_LAG: &str = "clinstream_consumer_lag_messages";
+pub const EMBED_BATCH_ITEMS: &str = "clinstream_embed_batch_items";
+pub const EMBED_BATCH_TOKENS: &str = "clinstream_embed_batch_tokens";
+pub const EMBED_TOKENS: &str = "clinstream_embed_tokens_total";
+pub const EMBED_DURATION: &str = "clinstream_embed_batch_duration_seconds";
+pub const EMBED_TOKENS_PER_SECOND: &str = "clinstream_embed_tokens_per_second";
+pub const STORE_UPSERT_DURATION: &str = "clinstream_qdrant_upsert_duration_seconds";
+pub const STORE_POINTS: &str = "clinstream_qdrant_points_total";
+pub const STORE_RETRIES: &str = "clinstream_qdrant_retries_total";
+pub const CHUNKS_PER_DOCUMENT: &str = "clinstream_chunks_per_document";
 
 pub struct Metrics {
     registry: Registry,
@@ -82,6 +100,22 @@ pub struct Metrics {
     pub assigned: IntGauge,
     /// Messages between the committed watermark and the high watermark, summed over assigned partitions.
     pub consumer_lag: IntGauge,
+    /// Inputs per model batch.
+    pub embed_batch_items: Histogram,
+    /// Tokens per model batch, padding included (longest × inputs).
+    pub embed_batch_tokens: Histogram,
+    /// Real (unpadded) tokens embedded.
+    pub embed_tokens: IntCounter,
+    pub embed_duration: Histogram,
+    /// Real tokens per second of the latest batch.
+    pub embed_tokens_per_second: prometheus::Gauge,
+    /// `store`: embedded | qdrant. Time of one upsert request (wait=true), retries excluded.
+    pub store_upsert_duration: HistogramVec,
+    /// `operation`: upserted | deleted_documents.
+    pub store_points: IntCounterVec,
+    /// Transient store failures retried.
+    pub store_retries: IntCounter,
+    pub chunks_per_document: Histogram,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -182,6 +216,64 @@ impl Metrics {
                 &r,
                 IntGauge::new(CONSUMER_LAG, "Messages not yet committed on the assigned partitions.").unwrap(),
             ),
+            embed_batch_items: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(EMBED_BATCH_ITEMS, "Inputs per embedding batch.")
+                        .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+                )
+                .unwrap(),
+            ),
+            embed_batch_tokens: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(EMBED_BATCH_TOKENS, "Tokens per embedding batch, padding included.")
+                        .buckets(vec![64.0, 256.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0]),
+                )
+                .unwrap(),
+            ),
+            embed_tokens: register(&r, IntCounter::new(EMBED_TOKENS, "Tokens embedded (padding excluded).").unwrap()),
+            embed_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(EMBED_DURATION, "Model time per embedding batch.")
+                        .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+                )
+                .unwrap(),
+            ),
+            embed_tokens_per_second: register(
+                &r,
+                prometheus::Gauge::new(EMBED_TOKENS_PER_SECOND, "Embedding throughput of the latest batch.").unwrap(),
+            ),
+            store_upsert_duration: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(STORE_UPSERT_DURATION, "Time per vector-store upsert (wait=true).")
+                        .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+                    &["store"],
+                )
+                .unwrap(),
+            ),
+            store_points: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(STORE_POINTS, "Vector-store points written, by operation."),
+                    &["operation"],
+                )
+                .unwrap(),
+            ),
+            store_retries: register(
+                &r,
+                IntCounter::new(STORE_RETRIES, "Transient vector-store failures retried.").unwrap(),
+            ),
+            chunks_per_document: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(CHUNKS_PER_DOCUMENT, "Chunks indexed per document.")
+                        .buckets(vec![0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+                )
+                .unwrap(),
+            ),
             registry: r,
         }
     }
@@ -211,6 +303,9 @@ pub fn metrics() -> &'static Metrics {
         }
         for kind in ["assign", "revoke"] {
             m.rebalances.with_label_values(&[kind]);
+        }
+        for operation in ["upserted", "deleted_documents"] {
+            m.store_points.with_label_values(&[operation]);
         }
         m
     })

@@ -377,6 +377,8 @@ impl Worker {
             .env("CLINSTREAM__KAFKA__TRANSACTIONS", c.transactions.to_string())
             .env("CLINSTREAM__KAFKA__TRANSACTIONAL_ID", format!("tx-{}", n.group))
             .env("CLINSTREAM__PIPELINE__WORKERS", "2")
+            // Text outputs only, unless a test turns indexing on through `extra` (applied after these).
+            .env("CLINSTREAM__EMBED__ENABLED", "false")
             .stdout(std::fs::File::create(&stdout).unwrap())
             .stderr(std::fs::File::create(&log).unwrap());
         for (k, v) in &c.extra {

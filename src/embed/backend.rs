@@ -1,0 +1,184 @@
+//! The ONNX Runtime side of the embedder: loading the library once per process, the session, and one batch run
+//! (padding, masks, pooling, L2 normalisation). Runs only on the model thread.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use ort::session::Session;
+use ort::value::Tensor;
+
+/// The process's ONNX Runtime environment: the library is loaded and the environment built once.
+static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+
+fn environment(library: &str) -> Result<&'static ort::environment::Environment, String> {
+    let env = ENVIRONMENT.get_or_init(|| {
+        let library = if library.is_empty() {
+            std::env::var("ORT_DYLIB_PATH")
+                .map_err(|_| "embed.ort_library is empty and ORT_DYLIB_PATH is not set".to_string())?
+        } else {
+            library.to_string()
+        };
+        if !Path::new(&library).is_file() {
+            return Err(format!("ONNX Runtime library {library} does not exist (run `make model`)"));
+        }
+        let builder = ort::init_from(&library).map_err(|e| format!("could not load ONNX Runtime {library}: {e}"))?;
+        builder
+            .with_name("clinstream")
+            .with_telemetry(false)
+            .build()
+            .map_err(|e| format!("could not create the ONNX Runtime environment: {e}"))
+    });
+    env.as_ref().map_err(Clone::clone)
+}
+
+/// Where the vector comes from.
+#[derive(Debug, Clone, PartialEq)]
+enum Pooling {
+    /// A `[batch, dim]` output, already pooled by the graph.
+    Output(String),
+    /// Masked mean over a `[batch, seq, dim]` output.
+    Mean(String),
+}
+
+pub(crate) struct Backend {
+    session: Session,
+    token_types: bool,
+    pooling: Pooling,
+    pub provider: &'static str,
+}
+
+pub(crate) struct BackendOptions<'a> {
+    pub library: &'a str,
+    pub model: &'a Path,
+    pub provider: &'a str,
+    pub cuda_device: i32,
+    pub intra_threads: usize,
+    pub output: &'a str,
+}
+
+impl Backend {
+    pub fn load(o: &BackendOptions<'_>) -> Result<Backend, String> {
+        let env = environment(o.library)?;
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |e: ort::Error<ort::session::builder::SessionBuilder>| format!("{what}: {e}")
+        };
+        let mut builder = Session::builder(env).map_err(|e| format!("could not create a session builder: {e}"))?;
+        if o.intra_threads > 0 {
+            builder = builder.with_intra_threads(o.intra_threads).map_err(err("embed.intra_threads"))?;
+        }
+        let provider = match o.provider {
+            "cuda" => {
+                #[cfg(feature = "cuda")]
+                {
+                    let ep = ort::ep::CUDA::default().with_device_id(o.cuda_device).build().error_on_failure();
+                    builder = builder
+                        .with_execution_providers([ep])
+                        .map_err(err("could not register the CUDA execution provider"))?;
+                    "cuda"
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    let _ = o.cuda_device;
+                    return Err("embed.execution_provider = cuda, but this binary was built without the `cuda` \
+                                feature (cargo build --features cuda)"
+                        .to_string());
+                }
+            }
+            _ => "cpu",
+        };
+        let session = builder
+            .commit_from_file(o.model)
+            .map_err(|e| format!("could not load the model {}: {e}", o.model.display()))?;
+        let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+        for required in ["input_ids", "attention_mask"] {
+            if !names.contains(&required) {
+                return Err(format!("the model has no `{required}` input (inputs: {})", names.join(", ")));
+            }
+        }
+        let token_types = names.contains(&"token_type_ids");
+        let outputs: Vec<(String, usize)> = session
+            .outputs()
+            .iter()
+            .map(|o| (o.name().to_string(), o.dtype().tensor_shape().map_or(0, |s| s.len())))
+            .collect();
+        let pooling = if !o.output.is_empty() {
+            match outputs.iter().find(|(n, _)| n == o.output) {
+                Some((n, 2)) => Pooling::Output(n.clone()),
+                Some((n, 3)) => Pooling::Mean(n.clone()),
+                Some((n, r)) => return Err(format!("embed.output `{n}` has rank {r}; expected 2 or 3")),
+                None => return Err(format!("the model has no output `{}`", o.output)),
+            }
+        } else if outputs.iter().any(|(n, r)| n == "sentence_embedding" && *r == 2) {
+            Pooling::Output("sentence_embedding".into())
+        } else {
+            match outputs.iter().find(|(_, r)| *r == 3) {
+                Some((n, _)) => Pooling::Mean(n.clone()),
+                None => return Err("the model has no [batch, seq, dim] or sentence_embedding output".to_string()),
+            }
+        };
+        Ok(Backend { session, token_types, pooling, provider })
+    }
+
+    /// Embeds one batch of token-id sequences (special tokens included): pads to the longest, masks the padding,
+    /// pools and L2-normalises.
+    pub fn run(&mut self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, String> {
+        let n = batch.len();
+        let seq = batch.iter().map(|b| b.len()).max().unwrap_or(0).max(1);
+        let mut ids = vec![0i64; n * seq];
+        let mut mask = vec![0i64; n * seq];
+        for (row, tokens) in batch.iter().enumerate() {
+            for (col, &t) in tokens.iter().enumerate() {
+                ids[row * seq + col] = i64::from(t);
+                mask[row * seq + col] = 1;
+            }
+        }
+        let shape = [n as i64, seq as i64];
+        let tensor = |v: Vec<i64>| Tensor::from_array((shape, v)).map_err(|e| format!("input tensor: {e}"));
+        let mut inputs = ort::inputs!["input_ids" => tensor(ids)?, "attention_mask" => tensor(mask.clone())?];
+        if self.token_types {
+            inputs.push(("token_type_ids".into(), tensor(vec![0i64; n * seq])?.into()));
+        }
+        let outputs = self.session.run(inputs).map_err(|e| format!("inference failed: {e}"))?;
+        let (name, mean) = match &self.pooling {
+            Pooling::Output(name) => (name.as_str(), false),
+            Pooling::Mean(name) => (name.as_str(), true),
+        };
+        let value = outputs.get(name).ok_or_else(|| format!("the model did not return `{name}`"))?;
+        let (shape, data) = value.try_extract_tensor::<f32>().map_err(|e| format!("output `{name}`: {e}"))?;
+        let mut vectors = Vec::with_capacity(n);
+        if mean {
+            let (s, d) = (shape[1] as usize, shape[2] as usize);
+            for row in 0..n {
+                let mut acc = vec![0f32; d];
+                let mut count = 0f32;
+                for col in 0..s.min(seq) {
+                    if mask[row * seq + col] == 0 {
+                        continue;
+                    }
+                    count += 1.0;
+                    let at = (row * s + col) * d;
+                    for (a, x) in acc.iter_mut().zip(&data[at..at + d]) {
+                        *a += x;
+                    }
+                }
+                acc.iter_mut().for_each(|a| *a /= count.max(1.0));
+                vectors.push(normalise(acc));
+            }
+        } else {
+            let d = shape[1] as usize;
+            for row in 0..n {
+                vectors.push(normalise(data[row * d..(row + 1) * d].to_vec()));
+            }
+        }
+        Ok(vectors)
+    }
+}
+
+fn normalise(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    v
+}

@@ -1,0 +1,328 @@
+//! Indexing one document: its sentences become units (over-long ones cut at token boundaries), SEOS (or fixed)
+//! planning turns units into chunks, the embedder gives each chunk a dense vector, Qdrant's BM25 a sparse one,
+//! and the store receives the points with deterministic ids and the payload of ARCHITECTURE §4. The document's
+//! acknowledgement waits for this (the runner awaits `Indexer::index` inside the document's task).
+//!
+//! Versions: the new version's points are written first, then every other version's points are removed, so a
+//! search always finds one version. `entered-in-error` removes all of the document's points and writes none;
+//! `relatesTo.replaces` removes the replaced documents' points.
+//!
+//! Failures: transient store errors are retried with capped backoff (honouring `retry-after`) for
+//! `store.halt_after_ms`; after that, or on an embedding or fatal store error, the document fails with a Halt code
+//! and the runner stops without acknowledging it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qdrant_edge::bm25_embed::{EdgeBm25, EdgeBm25Config};
+use serde_json::{Map, Value, json};
+use tracing::warn;
+
+use crate::config::Settings;
+use crate::embed::{EmbedError, Embedder};
+use crate::error::{DocError, ErrorCode, Stage};
+use crate::model::Document;
+use crate::stages::chunk::{self, ChunkParams, ChunkStrategy, Planned, Unit};
+use crate::store::{self, Point, Sparse, Store, StoreError};
+use crate::telemetry::metrics::metrics;
+
+/// The embedder, the store, and how to chunk.
+pub struct Indexer {
+    embedder: Embedder,
+    store: Arc<Store>,
+    bm25: EdgeBm25,
+    params: ChunkParams,
+    neighbours: usize,
+    cross_sections: bool,
+    compiled: Arc<crate::stages::Compiled>,
+    halt_after: Duration,
+}
+
+impl std::fmt::Debug for Indexer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Indexer").field("model", self.embedder.info()).field("store", &self.store).finish()
+    }
+}
+
+/// A chunk ready for the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chunk {
+    pub index: usize,
+    pub start: usize,
+    pub end: usize,
+    /// Sections (indices into the document's) that the chunk's own units come from, in order.
+    pub sections: Vec<usize>,
+    pub overlap_units: usize,
+    pub tokens: usize,
+}
+
+/// The BM25 encoder shared by indexing and search (Qdrant's own tokenizer, stemmer and stopwords).
+pub fn bm25(avg_len: f64) -> Result<EdgeBm25, String> {
+    let avg_len = qdrant_edge::external::ordered_float::NotNan::new(avg_len).map_err(|e| e.to_string())?;
+    let config = EdgeBm25Config { avg_len, ..Default::default() };
+    EdgeBm25::new(config).map_err(|e| format!("BM25: {e}"))
+}
+
+pub fn sparse_document(bm25: &EdgeBm25, text: &str) -> Sparse {
+    let v = bm25.embed_document(text);
+    Sparse { indices: v.indices, values: v.values }
+}
+
+pub fn sparse_query(bm25: &EdgeBm25, text: &str) -> Sparse {
+    let v = bm25.embed_query(text);
+    Sparse { indices: v.indices, values: v.values }
+}
+
+impl Indexer {
+    /// Loads the model (blocking, on the blocking pool) and opens the store with the model's dimension.
+    pub async fn start(settings: &Settings, compiled: Arc<crate::stages::Compiled>) -> Result<Indexer, String> {
+        let embed = settings.embed.clone();
+        let embedder = tokio::task::spawn_blocking(move || Embedder::start(&embed))
+            .await
+            .map_err(|e| format!("embedder start-up failed: {e}"))?
+            .map_err(|e| format!("embedding model: {e}"))?;
+        let info = embedder.info().clone();
+        let c = &settings.chunking;
+        if c.chunk_tokens + info.special_tokens > info.max_tokens {
+            return Err(format!(
+                "chunking.chunk_tokens ({}) + {} special tokens exceeds the model's {} tokens",
+                c.chunk_tokens, info.special_tokens, info.max_tokens
+            ));
+        }
+        let store = Store::open(&settings.store, info.dim).await.map_err(|e| format!("vector store: {e}"))?;
+        Ok(Indexer {
+            embedder,
+            store: Arc::new(store),
+            bm25: bm25(settings.store.bm25_avg_len)?,
+            params: ChunkParams {
+                strategy: if c.strategy == "fixed" { ChunkStrategy::Fixed } else { ChunkStrategy::Seos },
+                budget: c.chunk_tokens,
+                overlap: c.overlap_sentences,
+            },
+            neighbours: c.group_neighbours,
+            cross_sections: c.cross_sections,
+            compiled,
+            halt_after: Duration::from_millis(settings.store.halt_after_ms),
+        })
+    }
+
+    pub fn embedder(&self) -> &Embedder {
+        &self.embedder
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
+    pub fn units(&self, doc: &Document) -> Vec<Unit> {
+        let cap = self.params.max_unit_tokens();
+        let text = &doc.note.text;
+        let mut units = Vec::with_capacity(doc.sentences.len());
+        for s in &doc.sentences {
+            let segment = if self.cross_sections { 0 } else { s.section };
+            let sentence = &text[s.start..s.end];
+            let tokens = self.embedder.count_tokens(sentence);
+            if tokens == 0 {
+                continue;
+            }
+            if tokens <= cap {
+                units.push(Unit { start: s.start, end: s.end, tokens, segment });
+                continue;
+            }
+            // Cut at every `cap`-th token end.
+            let ends = self.embedder.token_ends(sentence);
+            let mut from = 0usize;
+            for (i, &end) in ends.iter().enumerate() {
+                if (i + 1) % cap == 0 || i + 1 == ends.len() {
+                    let n = if (i + 1) % cap == 0 { cap } else { (i + 1) % cap };
+                    let piece_end = if i + 1 == ends.len() { sentence.len() } else { end };
+                    units.push(Unit { start: s.start + from, end: s.start + piece_end, tokens: n, segment });
+                    from = piece_end;
+                }
+            }
+        }
+        units
+    }
+
+    /// Plans the document's chunks (SEOS embeds the sentence groups first).
+    pub async fn chunks(&self, doc: &Document, units: &[Unit]) -> Result<Vec<Chunk>, EmbedError> {
+        let shifts = if self.params.strategy == ChunkStrategy::Seos && units.len() > 1 {
+            let text = &doc.note.text;
+            let groups: Vec<&str> = (0..units.len())
+                .map(|i| {
+                    let seg = units[i].segment;
+                    let mut a = i;
+                    while a > 0 && i - a < self.neighbours && units[a - 1].segment == seg {
+                        a -= 1;
+                    }
+                    let mut b = i;
+                    while b + 1 < units.len() && b - i < self.neighbours && units[b + 1].segment == seg {
+                        b += 1;
+                    }
+                    &text[units[a].start..units[b].end]
+                })
+                .collect();
+            let vectors = self.embedder.embed(&groups).await?;
+            vectors.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect()
+        } else {
+            Vec::new()
+        };
+        let planned = chunk::plan(units, &shifts, &self.params);
+        Ok(planned
+            .iter()
+            .enumerate()
+            .map(|(index, p): (usize, &Planned)| {
+                let mut sections: Vec<usize> = Vec::new();
+                for u in p.own() {
+                    if let Some(sentence_section) = section_of(doc, units[u].start)
+                        && sections.last() != Some(&sentence_section)
+                    {
+                        sections.push(sentence_section);
+                    }
+                }
+                Chunk {
+                    index,
+                    start: units[p.units.start].start,
+                    end: units[p.units.end - 1].end,
+                    sections,
+                    overlap_units: p.overlap,
+                    tokens: units[p.units.clone()].iter().map(|u| u.tokens).sum(),
+                }
+            })
+            .collect())
+    }
+
+    /// Indexes one document; returns the number of chunks written.
+    pub async fn index(&self, doc: &Document) -> Result<usize, DocError> {
+        let note = &doc.note;
+        let embed_err = |e: EmbedError| DocError::new(ErrorCode::EmbedFailed, Stage::Index, e.0);
+        if note.entered_in_error {
+            self.retrying(|| self.store.delete_document(&note.doc_id, None)).await?;
+            return Ok(0);
+        }
+        let clock = Instant::now();
+        let units = self.units(doc);
+        let chunks = self.chunks(doc, &units).await.map_err(embed_err)?;
+        let texts: Vec<&str> = chunks.iter().map(|c| &note.text[c.start..c.end]).collect();
+        let vectors = self.embedder.embed(&texts).await.map_err(embed_err)?;
+        metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
+        let version = note.version.clone().unwrap_or_default();
+        let ids: Vec<uuid::Uuid> = chunks.iter().map(|c| store::point_id(&note.doc_id, &version, c.index)).collect();
+        let points: Vec<Point> = chunks
+            .iter()
+            .zip(vectors)
+            .map(|(c, dense)| Point {
+                id: ids[c.index],
+                sparse: sparse_document(&self.bm25, &note.text[c.start..c.end]),
+                payload: self.payload(doc, c, &ids, &version),
+                dense,
+            })
+            .collect();
+        let n = points.len();
+        let clock = Instant::now();
+        if !points.is_empty() {
+            self.retrying(|| self.store.upsert(points.clone())).await?;
+        }
+        // Then the older versions, and any documents this one replaces.
+        self.retrying(|| self.store.delete_document(&note.doc_id, Some(&version))).await?;
+        for replaced in note.replaces() {
+            self.retrying(|| self.store.delete_document(replaced, None)).await?;
+        }
+        let m = metrics();
+        m.stage_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
+        m.chunks_per_document.observe(n as f64);
+        Ok(n)
+    }
+
+    fn payload(&self, doc: &Document, c: &Chunk, ids: &[uuid::Uuid], version: &str) -> Map<String, Value> {
+        let note = &doc.note;
+        let lexicon = &self.compiled.lexicon;
+        let mut kinds: Vec<&str> = Vec::new();
+        let mut terms: Vec<String> = Vec::new();
+        let mut entities = Vec::new();
+        for m in doc.mentions.iter().filter(|m| m.start >= c.start && m.end <= c.end) {
+            let kind = m.kind.as_str();
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+            let term = lexicon.concept(m.concept).preferred.clone();
+            if !terms.contains(&term) {
+                terms.push(term.clone());
+            }
+            entities.push(json!({
+                "kind": kind, "term": term, "start": m.start - c.start, "end": m.end - c.start,
+                "negated": m.assertion.negated, "uncertain": m.assertion.uncertain,
+                "historical": m.assertion.historical, "family": m.assertion.family,
+                "hypothetical": m.assertion.hypothetical,
+            }));
+        }
+        let first = c.sections.first().and_then(|&i| doc.sections.get(i));
+        let doc_type = note.doc_type.as_ref().and_then(|t| {
+            t.text.clone().or_else(|| t.coding.iter().find_map(|c| c.display.clone().or_else(|| c.code.clone())))
+        });
+        let id_at = |i: Option<usize>| i.and_then(|i| ids.get(i)).map_or(Value::Null, |u| Value::from(u.to_string()));
+        let info = self.embedder.info();
+        let mut p = Map::new();
+        p.insert("patient".into(), note.patient.clone().map_or(Value::Null, Value::from));
+        p.insert("encounter".into(), note.encounter.clone().map_or(Value::Null, Value::from));
+        p.insert("doc_id".into(), note.doc_id.clone().into());
+        p.insert("doc_version".into(), version.into());
+        p.insert("doc_date".into(), note.date.clone().map_or(Value::Null, Value::from));
+        p.insert("doc_type".into(), doc_type.map_or(Value::Null, Value::from));
+        p.insert("section".into(), first.map_or(Value::Null, |s| s.name.into()));
+        p.insert("section_title".into(), first.map_or(Value::Null, |s| s.title.clone().into()));
+        p.insert("section_weight".into(), first.map_or(Value::Null, |s| json!(s.weight)));
+        p.insert(
+            "sections".into(),
+            c.sections.iter().filter_map(|&i| doc.sections.get(i)).map(|s| s.name).collect::<Vec<_>>().into(),
+        );
+        p.insert("chunk_index".into(), c.index.into());
+        p.insert("chunk_count".into(), ids.len().into());
+        p.insert("prev_chunk_id".into(), id_at(c.index.checked_sub(1)));
+        p.insert("next_chunk_id".into(), id_at(Some(c.index + 1)));
+        p.insert("start".into(), c.start.into());
+        p.insert("end".into(), c.end.into());
+        p.insert("tokens".into(), c.tokens.into());
+        p.insert("overlap_sentences".into(), c.overlap_units.into());
+        p.insert("text".into(), note.text[c.start..c.end].into());
+        p.insert("entity_kinds".into(), kinds.into());
+        p.insert("entity_terms".into(), terms.into());
+        p.insert("entities".into(), entities.into());
+        p.insert("vocabulary_version".into(), lexicon.version().into());
+        p.insert("model".into(), info.name.clone().into());
+        p.insert("worker_version".into(), crate::sink::records::WORKER_VERSION.into());
+        p
+    }
+
+    /// Runs a store operation, retrying transient failures with capped backoff for `store.halt_after_ms`.
+    async fn retrying<F, Fut>(&self, mut op: F) -> Result<(), DocError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match op().await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.transient && started.elapsed() < self.halt_after => {
+                    metrics().store_retries.inc();
+                    let wait = e.retry_after.unwrap_or(delay).min(self.halt_after.saturating_sub(started.elapsed()));
+                    warn!(error = %e.message, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
+                    tokio::time::sleep(wait).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) if e.transient => {
+                    return Err(DocError::new(ErrorCode::StoreUnavailable, Stage::Index, e.message));
+                }
+                Err(e) => return Err(DocError::new(ErrorCode::StoreFailed, Stage::Index, e.message)),
+            }
+        }
+    }
+}
+
+/// The section holding byte `at`.
+fn section_of(doc: &Document, at: usize) -> Option<usize> {
+    doc.sections.iter().position(|s| s.start <= at && at < s.end)
+}

@@ -1,0 +1,204 @@
+//! The embedded store: Qdrant's engine in-process (`qdrant-edge`), one shard in a directory (`store.path`).
+//! Its calls block, so each runs on the blocking pool. An update returns once it is in the shard's WAL and
+//! applied (the same guarantee as a server's `wait=true`); `flush` persists the segments (at shutdown).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use qdrant_edge::{
+    CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams, EdgeVectorParams,
+    FieldIndexOperations, Filter, JsonPath, Memory, Modifier, NamedQuery, Payload, PayloadFieldSchema, PointId,
+    PointInsertOperations, PointOperations, Prefetch, QueryEnum, QueryRequest, ScoringQuery, SparseVector,
+    UpdateOperation, VectorInternal, Vectors, WithPayloadInterface,
+};
+use serde_json::Value;
+
+use super::{DENSE, Hit, INDEXED_FIELDS, Point, Query, SPARSE, StoreError};
+use crate::config::StoreSettings;
+use crate::telemetry::metrics::metrics;
+
+pub struct EmbeddedStore {
+    shard: Arc<EdgeShard>,
+    batch: usize,
+}
+
+fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ {
+    move |e| StoreError::fatal(format!("embedded store: {what}: {e}"))
+}
+
+impl EmbeddedStore {
+    /// Opens (or, with a dimension, creates) the shard at `store.path`.
+    pub fn open(s: &StoreSettings, dim: Option<usize>) -> Result<EmbeddedStore, StoreError> {
+        let path = Path::new(&s.path);
+        let exists = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
+        let shard = if exists {
+            let shard = EdgeShard::load(path, None).map_err(fatal("could not open the store"))?;
+            let have = shard.config().vectors.get(DENSE).map(|v| v.size);
+            match (have, dim) {
+                (Some(have), Some(want)) if have != want => {
+                    return Err(StoreError::fatal(format!(
+                        "the store at {} holds {have}-dimensional vectors but the model gives {want} \
+                         (use another store.path, or re-index)",
+                        path.display()
+                    )));
+                }
+                (None, _) => {
+                    return Err(StoreError::fatal(format!(
+                        "the store at {} has no `{DENSE}` vector (not a clinstream store)",
+                        path.display()
+                    )));
+                }
+                _ => {}
+            }
+            shard
+        } else {
+            let Some(dim) = dim else {
+                return Err(StoreError::fatal(format!(
+                    "no store at {} (run `clinstream run` first, or set store.path)",
+                    path.display()
+                )));
+            };
+            std::fs::create_dir_all(path)
+                .map_err(|e| StoreError::fatal(format!("could not create {}: {e}", path.display())))?;
+            let memory = Memory::from_on_disk(s.on_disk);
+            let config = EdgeConfig::builder()
+                .vector(DENSE, EdgeVectorParams::builder(dim, Distance::Cosine).memory(memory).build())
+                .sparse_vector(SPARSE, EdgeSparseVectorParams::builder().modifier(Modifier::Idf).memory(memory).build())
+                .payload_memory(memory)
+                .build();
+            let shard = EdgeShard::new(path, config).map_err(fatal("could not create the store"))?;
+            // Payload indexes before any data.
+            for field in INDEXED_FIELDS {
+                let schema: PayloadFieldSchema = serde_json::from_value(Value::from("keyword"))
+                    .map_err(|e| StoreError::fatal(format!("index schema: {e}")))?;
+                shard
+                    .update(UpdateOperation::FieldIndexOperation(FieldIndexOperations::CreateIndex(CreateIndex {
+                        field_name: field
+                            .parse::<JsonPath>()
+                            .map_err(|_| StoreError::fatal(format!("payload index field `{field}`")))?,
+                        field_schema: Some(schema),
+                    })))
+                    .map_err(fatal("could not create a payload index"))?;
+            }
+            shard
+        };
+        Ok(EmbeddedStore { shard: Arc::new(shard), batch: s.upsert_batch })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let shard = self.shard.clone();
+        tokio::task::spawn_blocking(move || f(&shard))
+            .await
+            .map_err(|e| StoreError::fatal(format!("embedded store task failed: {e}")))?
+    }
+
+    pub async fn upsert(&self, points: Vec<Point>) -> Result<(), StoreError> {
+        let batch = self.batch;
+        self.blocking(move |shard| {
+            let mut points = points;
+            while !points.is_empty() {
+                let rest = points.split_off(batch.min(points.len()));
+                let n = points.len();
+                let list = points
+                    .into_iter()
+                    .map(|p| {
+                        let sparse = qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values)
+                            .map_err(fatal("sparse vector"))?;
+                        let vectors = Vectors::new_named([
+                            (DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)),
+                            (SPARSE.to_string(), sparse),
+                        ]);
+                        Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)).0)
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()?;
+                let clock = Instant::now();
+                shard
+                    .update(UpdateOperation::PointOperation(PointOperations::UpsertPoints(
+                        PointInsertOperations::PointsList(list),
+                    )))
+                    .map_err(fatal("upsert failed"))?;
+                let m = metrics();
+                m.store_upsert_duration.with_label_values(&["embedded"]).observe(clock.elapsed().as_secs_f64());
+                m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
+                points = rest;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn delete_document(&self, doc_id: &str, keep_version: Option<&str>) -> Result<(), StoreError> {
+        let filter: Filter = serde_json::from_value(super::document_filter(doc_id, keep_version))
+            .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
+        self.blocking(move |shard| {
+            shard
+                .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
+                .map_err(fatal("delete failed"))?;
+            metrics().store_points.with_label_values(&["deleted_documents"]).inc();
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
+        let filter: Option<Filter> = q
+            .filter_json()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
+        let candidates = (q.top * 4).max(20);
+        let dense = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
+            query: VectorInternal::Dense(q.dense.clone()),
+            using: Some(DENSE.into()),
+        }));
+        let sparse = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
+            query: VectorInternal::Sparse(SparseVector {
+                indices: q.sparse.indices.clone(),
+                values: q.sparse.values.clone(),
+            }),
+            using: Some(SPARSE.into()),
+        }));
+        let prefetch = |query: ScoringQuery| {
+            let mut p = qdrant_edge::PrefetchBuilder::new(candidates).query(query);
+            if let Some(f) = &filter {
+                p = p.filter(f.clone());
+            }
+            p.build()
+        };
+        let mut prefetches: Vec<Prefetch> = vec![prefetch(dense)];
+        if !q.sparse.indices.is_empty() {
+            prefetches.push(prefetch(sparse));
+        }
+        let mut request = QueryRequest::new(q.top);
+        request.prefetches = prefetches;
+        request.query = Some(ScoringQuery::Fusion(qdrant_edge::Fusion::Rrf { k: 60, weights: None }));
+        request.with_payload = WithPayloadInterface::Bool(true);
+        self.blocking(move |shard| {
+            let found = shard.query(request).map_err(fatal("query failed"))?;
+            Ok(found
+                .into_iter()
+                .map(|p| Hit {
+                    id: match p.id {
+                        PointId::Uuid(u) => u.to_string(),
+                        PointId::NumId(n) => n.to_string(),
+                    },
+                    score: p.score,
+                    payload: p.payload.map(|Payload(m)| m).unwrap_or_default(),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    pub async fn count(&self) -> Result<usize, StoreError> {
+        self.blocking(|shard| shard.count(CountRequest::new()).map_err(fatal("count failed"))).await
+    }
+
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.blocking(|shard| shard.flush().map_err(fatal("flush failed"))).await
+    }
+}

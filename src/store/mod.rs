@@ -1,0 +1,210 @@
+//! The vector store: chunk points (a named dense vector, a BM25 sparse vector, a payload) in Qdrant — the engine
+//! in-process (`embedded`, the default, `qdrant-edge`) or a server (`qdrant`, gRPC via `qdrant-client`). Both
+//! take the same points with the same ids and payload and answer the same hybrid query (dense and sparse
+//! prefetches fused by RRF), so what `clinstream search` shows does not depend on where it was stored.
+//!
+//! Ids are deterministic (`point_id`: UUIDv5 of document id, version and chunk index), so a replay overwrites
+//! rather than duplicates. A newer version of a document, `entered-in-error`, or `relatesTo.replaces` removes the
+//! older points (`delete_document`).
+
+pub mod embedded;
+pub mod server;
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::config::StoreSettings;
+
+/// Name of the dense vector in the collection.
+pub const DENSE: &str = "dense";
+/// Name of the sparse (BM25) vector in the collection.
+pub const SPARSE: &str = "bm25";
+/// Payload fields with an index (created before any data is written).
+pub const INDEXED_FIELDS: &[&str] =
+    &["patient", "doc_id", "doc_version", "doc_type", "section", "entity_kinds", "entity_terms"];
+
+/// Namespace of point ids (UUIDv5): fixed forever, so ids stay stable across versions of clinstream.
+const POINT_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6c1b_5e2a_3f0d_4c8e_9a7b_2d4f_6e8c_1a3b);
+
+/// The point id of chunk `index` of a document version.
+pub fn point_id(doc_id: &str, version: &str, index: usize) -> uuid::Uuid {
+    uuid::Uuid::new_v5(&POINT_NAMESPACE, format!("{doc_id}\u{1f}{version}\u{1f}{index}").as_bytes())
+}
+
+/// A sparse vector: sorted unique indices and their weights.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sparse {
+    pub indices: Vec<u32>,
+    pub values: Vec<f32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub id: uuid::Uuid,
+    pub dense: Vec<f32>,
+    pub sparse: Sparse,
+    pub payload: Map<String, Value>,
+}
+
+/// A hybrid query: dense and sparse candidates fused by RRF, with optional filters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query {
+    pub dense: Vec<f32>,
+    pub sparse: Sparse,
+    pub patient: Option<String>,
+    pub section: Option<String>,
+    pub top: usize,
+}
+
+impl Query {
+    /// The filter as Qdrant's JSON filter language (both stores parse the same form).
+    pub fn filter_json(&self) -> Option<Value> {
+        let mut must = Vec::new();
+        if let Some(p) = &self.patient {
+            must.push(serde_json::json!({"key": "patient", "match": {"value": p}}));
+        }
+        if let Some(s) = &self.section {
+            must.push(serde_json::json!({"key": "section", "match": {"value": s}}));
+        }
+        (!must.is_empty()).then(|| serde_json::json!({ "must": must }))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    pub id: String,
+    pub score: f32,
+    pub payload: Map<String, Value>,
+}
+
+/// A store failure: transient ones (unavailable, overloaded, timeouts) are retried, the rest halt the worker.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    pub transient: bool,
+    /// Server-requested pause before the next try (`retry-after` on resource-exhausted).
+    pub retry_after: Option<Duration>,
+    pub message: String,
+}
+
+impl StoreError {
+    pub fn fatal(message: impl Into<String>) -> Self {
+        StoreError { transient: false, retry_after: None, message: message.into() }
+    }
+}
+
+/// The configured store.
+pub enum Store {
+    Embedded(embedded::EmbeddedStore),
+    Server(server::ServerStore),
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.kind())
+    }
+}
+
+impl Store {
+    /// Opens the store and makes sure the collection exists with vectors of `dim` (created with its payload
+    /// indexes when missing; a collection of another dimension is an error).
+    pub async fn open(s: &StoreSettings, dim: usize) -> Result<Store, StoreError> {
+        match s.kind.as_str() {
+            "embedded" => {
+                let s = s.clone();
+                tokio::task::spawn_blocking(move || embedded::EmbeddedStore::open(&s, Some(dim)))
+                    .await
+                    .map_err(|e| StoreError::fatal(format!("store task failed: {e}")))?
+                    .map(Store::Embedded)
+            }
+            "qdrant" => server::ServerStore::open(s, Some(dim)).await.map(Store::Server),
+            other => Err(StoreError::fatal(format!("store.kind `{other}` has no store"))),
+        }
+    }
+
+    /// Opens an existing store for reading (`clinstream search`): the dimension is whatever it holds.
+    pub async fn open_existing(s: &StoreSettings) -> Result<Store, StoreError> {
+        match s.kind.as_str() {
+            "embedded" => {
+                let s = s.clone();
+                tokio::task::spawn_blocking(move || embedded::EmbeddedStore::open(&s, None))
+                    .await
+                    .map_err(|e| StoreError::fatal(format!("store task failed: {e}")))?
+                    .map(Store::Embedded)
+            }
+            "qdrant" => server::ServerStore::open(s, None).await.map(Store::Server),
+            other => Err(StoreError::fatal(format!("store.kind `{other}` has no store"))),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Embedded(_) => "embedded",
+            Store::Server(_) => "qdrant",
+        }
+    }
+
+    /// Writes points and returns when they are applied (wait=true).
+    pub async fn upsert(&self, points: Vec<Point>) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.upsert(points).await,
+            Store::Server(s) => s.upsert(points).await,
+        }
+    }
+
+    /// Removes a document's points; with `keep_version`, only those of other versions.
+    pub async fn delete_document(&self, doc_id: &str, keep_version: Option<&str>) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.delete_document(doc_id, keep_version).await,
+            Store::Server(s) => s.delete_document(doc_id, keep_version).await,
+        }
+    }
+
+    pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.search(q).await,
+            Store::Server(s) => s.search(q).await,
+        }
+    }
+
+    /// Points in the collection.
+    pub async fn count(&self) -> Result<usize, StoreError> {
+        match self {
+            Store::Embedded(s) => s.count().await,
+            Store::Server(s) => s.count().await,
+        }
+    }
+
+    /// Makes everything written so far durable (embedded: segments flushed; server: nothing to do).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.flush().await,
+            Store::Server(_) => Ok(()),
+        }
+    }
+}
+
+/// Filter matching a document's points (other versions only, with `keep_version`).
+pub(crate) fn document_filter(doc_id: &str, keep_version: Option<&str>) -> Value {
+    let mut f = serde_json::json!({"must": [{"key": "doc_id", "match": {"value": doc_id}}]});
+    if let Some(v) = keep_version {
+        f["must_not"] = serde_json::json!([{"key": "doc_version", "match": {"value": v}}]);
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn point_ids_are_deterministic_and_distinct() {
+        assert_eq!(point_id("d1", "2", 0), point_id("d1", "2", 0));
+        assert_ne!(point_id("d1", "2", 0), point_id("d1", "3", 0));
+        assert_ne!(point_id("d1", "2", 0), point_id("d1", "2", 1));
+        // The separator keeps ("a1", "") and ("a", "1") apart.
+        assert_ne!(point_id("a1", "", 0), point_id("a", "1", 0));
+        assert_eq!(point_id("d1", "2", 0).get_version_num(), 5);
+    }
+}

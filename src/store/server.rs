@@ -1,0 +1,233 @@
+//! A Qdrant server over gRPC (`qdrant-client`): API key, TLS by an `https://` URL, collection bootstrap with
+//! payload indexes before data, upserts in batches with `wait=true`, and errors sorted into transient
+//! (unavailable, resource-exhausted with its retry-after, deadline) and fatal ones. Retrying is the caller's
+//! job (`index::Indexer`), so one policy covers both stores.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use qdrant_client::qdrant::{
+    Condition, CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder, DeletePointsBuilder,
+    Distance, FieldType, Filter, Fusion, Modifier, PointStruct, PrefetchQueryBuilder, Query as QQuery,
+    QueryPointsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, UpsertPointsBuilder,
+    VectorParamsBuilder, VectorsConfigBuilder, point_id::PointIdOptions, vectors_config,
+};
+use qdrant_client::{Payload, Qdrant, QdrantError};
+
+use super::{DENSE, Hit, INDEXED_FIELDS, Point, Query, SPARSE, StoreError};
+use crate::config::StoreSettings;
+use crate::telemetry::metrics::metrics;
+
+pub struct ServerStore {
+    client: Qdrant,
+    collection: String,
+    batch: usize,
+}
+
+/// Sorts a client error (the message names the operation, never point contents).
+fn classify(what: &str, e: QdrantError) -> StoreError {
+    use tonic::Code;
+    match &e {
+        QdrantError::ResourceExhaustedError { retry_after_seconds, .. } => StoreError {
+            transient: true,
+            retry_after: Some(Duration::from_secs(*retry_after_seconds)),
+            message: format!("qdrant {what}: resource exhausted"),
+        },
+        QdrantError::ResponseError { status } => {
+            let transient = matches!(
+                status.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown
+            );
+            StoreError { transient, retry_after: None, message: format!("qdrant {what}: {:?}", status.code()) }
+        }
+        QdrantError::Io(_) => {
+            StoreError { transient: true, retry_after: None, message: format!("qdrant {what}: connection failed") }
+        }
+        other => StoreError::fatal(format!("qdrant {what}: {other}")),
+    }
+}
+
+impl ServerStore {
+    /// Connects, and with a dimension creates the collection (dense + sparse vectors, payload indexes) when it
+    /// is missing, or checks its dimension when it exists.
+    pub async fn open(s: &StoreSettings, dim: Option<usize>) -> Result<ServerStore, StoreError> {
+        let mut builder = Qdrant::from_url(&s.url).timeout(Duration::from_millis(s.timeout_ms));
+        if !s.api_key.is_empty() {
+            builder = builder.api_key(s.api_key.clone());
+        }
+        let client = builder.build().map_err(|e| classify("connect", e))?;
+        let store = ServerStore { client, collection: s.collection.clone(), batch: s.upsert_batch };
+        let exists =
+            store.client.collection_exists(&store.collection).await.map_err(|e| classify("collection_exists", e))?;
+        match (exists, dim) {
+            (false, None) => {
+                return Err(StoreError::fatal(format!("qdrant collection `{}` does not exist", store.collection)));
+            }
+            (false, Some(dim)) => store.create(dim, s.on_disk).await?,
+            (true, Some(dim)) => {
+                let info = store
+                    .client
+                    .collection_info(&store.collection)
+                    .await
+                    .map_err(|e| classify("collection_info", e))?;
+                let size = info
+                    .result
+                    .and_then(|r| r.config)
+                    .and_then(|c| c.params)
+                    .and_then(|p| p.vectors_config)
+                    .and_then(|v| v.config)
+                    .and_then(|c| match c {
+                        vectors_config::Config::ParamsMap(m) => m.map.get(DENSE).map(|p| p.size as usize),
+                        vectors_config::Config::Params(_) => None,
+                    });
+                match size {
+                    Some(size) if size == dim => {}
+                    Some(size) => {
+                        return Err(StoreError::fatal(format!(
+                            "qdrant collection `{}` holds {size}-dimensional `{DENSE}` vectors; the model gives {dim}",
+                            store.collection
+                        )));
+                    }
+                    None => {
+                        return Err(StoreError::fatal(format!(
+                            "qdrant collection `{}` has no `{DENSE}` vector",
+                            store.collection
+                        )));
+                    }
+                }
+            }
+            (true, None) => {}
+        }
+        Ok(store)
+    }
+
+    async fn create(&self, dim: usize, on_disk: bool) -> Result<(), StoreError> {
+        let mut vectors = VectorsConfigBuilder::default();
+        vectors.add_named_vector_params(DENSE, VectorParamsBuilder::new(dim as u64, Distance::Cosine).on_disk(on_disk));
+        let mut sparse = SparseVectorsConfigBuilder::default();
+        sparse.add_named_vector_params(SPARSE, SparseVectorParamsBuilder::default().modifier(Modifier::Idf));
+        let created = self
+            .client
+            .create_collection(
+                CreateCollectionBuilder::new(&self.collection)
+                    .vectors_config(vectors)
+                    .sparse_vectors_config(sparse)
+                    .on_disk_payload(on_disk),
+            )
+            .await;
+        if let Err(e) = created {
+            // Another replica may have created it first.
+            let exists = self.client.collection_exists(&self.collection).await.unwrap_or(false);
+            if !exists {
+                return Err(classify("create_collection", e));
+            }
+        }
+        for field in INDEXED_FIELDS {
+            self.client
+                .create_field_index(
+                    CreateFieldIndexCollectionBuilder::new(&self.collection, *field, FieldType::Keyword).wait(true),
+                )
+                .await
+                .map_err(|e| classify("create_field_index", e))?;
+        }
+        Ok(())
+    }
+
+    pub async fn upsert(&self, points: Vec<Point>) -> Result<(), StoreError> {
+        let mut points = points;
+        while !points.is_empty() {
+            let rest = points.split_off(self.batch.min(points.len()));
+            let n = points.len();
+            let mut batch = Vec::with_capacity(n);
+            for p in points {
+                let payload = Payload::try_from(serde_json::Value::Object(p.payload))
+                    .map_err(|e| StoreError::fatal(format!("payload: {e}")))?;
+                let mut vectors: HashMap<String, qdrant_client::qdrant::Vector> = HashMap::new();
+                vectors.insert(DENSE.into(), p.dense.into());
+                vectors.insert(
+                    SPARSE.into(),
+                    qdrant_client::qdrant::Vector::new_sparse(p.sparse.indices, p.sparse.values),
+                );
+                batch.push(PointStruct::new(p.id.to_string(), vectors, payload));
+            }
+            let clock = Instant::now();
+            self.client
+                .upsert_points(UpsertPointsBuilder::new(&self.collection, batch).wait(true))
+                .await
+                .map_err(|e| classify("upsert", e))?;
+            let m = metrics();
+            m.store_upsert_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
+            m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
+            points = rest;
+        }
+        Ok(())
+    }
+
+    pub async fn delete_document(&self, doc_id: &str, keep_version: Option<&str>) -> Result<(), StoreError> {
+        let mut filter = Filter::must([Condition::matches("doc_id", doc_id.to_string())]);
+        if let Some(v) = keep_version {
+            filter.must_not = vec![Condition::matches("doc_version", v.to_string())];
+        }
+        self.client
+            .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
+            .await
+            .map_err(|e| classify("delete", e))?;
+        metrics().store_points.with_label_values(&["deleted_documents"]).inc();
+        Ok(())
+    }
+
+    pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
+        let mut conditions = Vec::new();
+        if let Some(p) = &q.patient {
+            conditions.push(Condition::matches("patient", p.clone()));
+        }
+        if let Some(s) = &q.section {
+            conditions.push(Condition::matches("section", s.clone()));
+        }
+        let filter = (!conditions.is_empty()).then(|| Filter::must(conditions));
+        let candidates = (q.top * 4).max(20) as u64;
+        let mut dense =
+            PrefetchQueryBuilder::default().query(QQuery::new_nearest(q.dense.clone())).using(DENSE).limit(candidates);
+        if let Some(f) = &filter {
+            dense = dense.filter(f.clone());
+        }
+        let mut request = QueryPointsBuilder::new(&self.collection)
+            .add_prefetch(dense)
+            .query(QQuery::new_fusion(Fusion::Rrf))
+            .limit(q.top as u64)
+            .with_payload(true);
+        if !q.sparse.indices.is_empty() {
+            let input =
+                qdrant_client::qdrant::VectorInput::new_sparse(q.sparse.indices.clone(), q.sparse.values.clone());
+            let mut sparse =
+                PrefetchQueryBuilder::default().query(QQuery::new_nearest(input)).using(SPARSE).limit(candidates);
+            if let Some(f) = &filter {
+                sparse = sparse.filter(f.clone());
+            }
+            request = request.add_prefetch(sparse);
+        }
+        let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
+        Ok(found
+            .result
+            .into_iter()
+            .map(|p| Hit {
+                id: match p.id.and_then(|i| i.point_id_options) {
+                    Some(PointIdOptions::Uuid(u)) => u,
+                    Some(PointIdOptions::Num(n)) => n.to_string(),
+                    None => String::new(),
+                },
+                score: p.score,
+                payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
+            })
+            .collect())
+    }
+
+    pub async fn count(&self) -> Result<usize, StoreError> {
+        let r = self
+            .client
+            .count(CountPointsBuilder::new(&self.collection).exact(true))
+            .await
+            .map_err(|e| classify("count", e))?;
+        Ok(r.result.map_or(0, |c| c.count as usize))
+    }
+}

@@ -1,0 +1,286 @@
+//! Embedding and the vector store with the real parts: ONNX Runtime 1.31.1 running all-MiniLM-L6-v2 (`make model`),
+//! the Qdrant engine in-process (qdrant-edge), and — when `QDRANT_URL` is set — a Qdrant server.
+//!
+//! Without the model files (a clone where `make model` has not run) these tests fail with that instruction, unless
+//! `CLINSTREAM_SKIP_MODEL_TESTS=1`; `make test` runs `make model` first.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use clinstream::config::Settings;
+use clinstream::embed::Embedder;
+use clinstream::index::Indexer;
+use clinstream::stages::Pipeline;
+use clinstream::store::{Query, Store};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Settings pointing at the repository's model files, with a store in `dir`.
+fn settings(dir: &Path) -> Option<Settings> {
+    let model = root().join("models/all-MiniLM-L6-v2/model.onnx");
+    if !model.is_file() {
+        if std::env::var("CLINSTREAM_SKIP_MODEL_TESTS").is_ok() {
+            eprintln!("SKIPPED: no model files (run `make model`)");
+            return None;
+        }
+        panic!("models/ is missing: run `make model` (or set CLINSTREAM_SKIP_MODEL_TESTS=1)");
+    }
+    let mut s = Settings::load_from(None, Some(Default::default())).unwrap();
+    s.embed.model_dir = root().join("models/all-MiniLM-L6-v2").display().to_string();
+    s.embed.ort_library = root().join("models/onnxruntime/libonnxruntime.so.1.31.1").display().to_string();
+    s.store.path = dir.join("qdrant").display().to_string();
+    Some(s)
+}
+
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * y).sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y.powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedder_matches_an_independent_numpy_forward_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let embedder = tokio::task::spawn_blocking(move || Embedder::start(&s.embed)).await.unwrap().unwrap();
+    assert_eq!(embedder.info().dim, 384);
+    assert_eq!(embedder.info().max_tokens, 256, "max_seq_length from sentence_bert_config.json");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/data/minilm_reference.json")).unwrap())
+            .unwrap();
+    let sentences = reference["sentences"].as_array().unwrap();
+    let texts: Vec<&str> = sentences.iter().map(|s| s["text"].as_str().unwrap()).collect();
+    // Same tokens as the Python tokenizer (special tokens included).
+    let ids = embedder.encode(&texts).unwrap();
+    for (s, ids) in sentences.iter().zip(&ids) {
+        let want: Vec<u32> = s["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(ids, &want, "token ids of {:?}", s["text"]);
+    }
+    // Batched together (different lengths, so padding and masking are exercised) and one at a time.
+    let batched = embedder.embed(&texts).await.unwrap();
+    for (i, s) in sentences.iter().enumerate() {
+        let want: Vec<f64> = s["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let alone = embedder.embed(&texts[i..=i]).await.unwrap().remove(0);
+        for (how, got) in [("batched", &batched[i]), ("alone", &alone)] {
+            let c = cosine(got, &want);
+            assert!(c >= 0.999, "{how} {:?}: cosine {c:.5} < 0.999", s["text"]);
+            let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "unit length, got {norm}");
+        }
+    }
+    // The published reference values of sentence-transformers for the first sentence.
+    let first = &batched[0][..5];
+    for (got, want) in first.iter().zip([0.0677, 0.0635, 0.0487, 0.0793, 0.0374]) {
+        assert!((got - want).abs() < 5e-4, "{first:?}");
+    }
+    // Many concurrent callers: every answer goes back to its own caller.
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let e = embedder.clone();
+        let text = texts[i % texts.len()].to_string();
+        tasks.push(tokio::spawn(async move { (i, e.embed(&[text.as_str()]).await.unwrap().remove(0)) }));
+    }
+    for t in tasks {
+        let (i, v) = t.await.unwrap();
+        assert!(cosine(&v, &batched[i % texts.len()].iter().map(|x| f64::from(*x)).collect::<Vec<_>>()) > 0.9999);
+    }
+}
+
+#[test]
+fn a_missing_model_or_a_cuda_request_without_the_feature_fails_start_up_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    let mut missing = s.embed.clone();
+    missing.model_dir = dir.path().join("nowhere").display().to_string();
+    let e = Embedder::start(&missing).unwrap_err();
+    assert!(e.0.contains("make model"), "{e}");
+    s.embed.execution_provider = "cuda".into();
+    let e = Embedder::start(&s.embed).unwrap_err();
+    if cfg!(feature = "cuda") {
+        assert!(e.0.contains("CUDA"), "{e}");
+    } else {
+        assert!(e.0.contains("without the `cuda` feature"), "{e}");
+    }
+}
+
+fn note(id: &str, version: &str, status: &str, patient: &str, text: &str) -> Vec<u8> {
+    use base64::Engine;
+    serde_json::to_vec(&serde_json::json!({
+        "resourceType": "DocumentReference", "id": id, "status": status,
+        "meta": {"versionId": version},
+        "subject": {"reference": patient},
+        "content": [{"attachment": {"contentType": "text/plain",
+            "data": base64::engine::general_purpose::STANDARD.encode(text)}}]
+    }))
+    .unwrap()
+}
+
+const CARDIAC: &str = "HISTORY OF PRESENT ILLNESS: The patient reports crushing substernal chest pain radiating to the left \
+arm since this morning, with diaphoresis. Troponin was elevated.\n\nASSESSMENT AND PLAN: Acute myocardial \
+infarction. Start aspirin, heparin and a beta blocker; cardiology consulted for catheterization.";
+const RESPIRATORY: &str = "CHIEF COMPLAINT: Shortness of breath.\n\nHISTORY OF PRESENT ILLNESS: Three days of worsening \
+dyspnea and productive cough with fever. No chest pain.\n\nASSESSMENT AND PLAN: Community-acquired pneumonia. \
+Start ceftriaxone and azithromycin; chest x-ray shows right lower lobe consolidation.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    let store = indexer.store().clone();
+    let index = |bytes: Vec<u8>| {
+        let doc = pipeline.process(&bytes).unwrap();
+        let indexer = &indexer;
+        async move { indexer.index(&doc).await.unwrap() }
+    };
+    let n_cardiac = index(note("doc-a", "1", "current", "Patient/p1", CARDIAC)).await;
+    let n_resp = index(note("doc-b", "1", "current", "Patient/p2", RESPIRATORY)).await;
+    assert!(n_cardiac >= 1 && n_resp >= 1);
+    assert_eq!(store.count().await.unwrap(), n_cardiac + n_resp);
+    // Idempotent: the same version again overwrites (same ids), it does not add.
+    index(note("doc-a", "1", "current", "Patient/p1", CARDIAC)).await;
+    assert_eq!(store.count().await.unwrap(), n_cardiac + n_resp);
+
+    let search = |text: &str, patient: Option<&str>, section: Option<&str>| {
+        let embedder = indexer.embedder().clone();
+        let store = store.clone();
+        let (text, patient, section) = (text.to_string(), patient.map(String::from), section.map(String::from));
+        async move {
+            let bm25 = clinstream::index::bm25(120.0).unwrap();
+            let q = Query {
+                dense: embedder.embed(&[text.as_str()]).await.unwrap().remove(0),
+                sparse: clinstream::index::sparse_query(&bm25, &text),
+                patient,
+                section,
+                top: 3,
+            };
+            store.search(&q).await.unwrap()
+        }
+    };
+    let hits = search("shortness of breath and pneumonia", None, None).await;
+    assert_eq!(hits[0].payload["doc_id"], "doc-b", "{hits:?}");
+    let hits = search("cardiac ischemia with an elevated troponin", None, None).await;
+    assert_eq!(hits[0].payload["doc_id"], "doc-a", "{hits:?}");
+    // No query word is in the cardiac note (BM25 finds nothing): the dense vectors alone bring it up.
+    let hits = search("heart attack", None, None).await;
+    assert!(hits.iter().filter(|h| h.payload["doc_id"] == "doc-a").count() >= 2, "{hits:?}");
+    // Filters: the patient filter wins over relevance; the section filter keeps only that section.
+    let hits = search("shortness of breath and pneumonia", Some("Patient/p1"), None).await;
+    assert!(!hits.is_empty() && hits.iter().all(|h| h.payload["patient"] == "Patient/p1"), "{hits:?}");
+    let hits = search("antibiotics", None, Some("assessment_and_plan")).await;
+    assert!(!hits.is_empty() && hits.iter().all(|h| h.payload["section"] == "assessment_and_plan"));
+
+    // The payload contract (ARCHITECTURE §4).
+    let p = &search("pneumonia", Some("Patient/p2"), None).await[0].payload;
+    for key in [
+        "patient",
+        "doc_id",
+        "doc_version",
+        "doc_date",
+        "doc_type",
+        "section",
+        "section_weight",
+        "chunk_index",
+        "prev_chunk_id",
+        "next_chunk_id",
+        "text",
+        "entity_kinds",
+        "entity_terms",
+        "vocabulary_version",
+        "model",
+    ] {
+        assert!(p.contains_key(key), "payload lacks {key}: {p:?}");
+    }
+    assert_eq!(p["model"], "all-MiniLM-L6-v2");
+    assert!(p["entity_terms"].as_array().unwrap().iter().any(|t| t.as_str().unwrap().contains("pneumonia")), "{p:?}");
+
+    // A new version replaces the old one's points.
+    index(note("doc-b", "2", "current", "Patient/p2", "PLAN: Pneumonia resolved; stop antibiotics.")).await;
+    let hits = search("pneumonia", Some("Patient/p2"), None).await;
+    assert!(!hits.is_empty() && hits.iter().all(|h| h.payload["doc_version"] == "2"), "{hits:?}");
+    // entered-in-error removes every point of the document.
+    let removed = index(note("doc-a", "2", "entered-in-error", "Patient/p1", CARDIAC)).await;
+    assert_eq!(removed, 0);
+    assert!(search("heart attack", Some("Patient/p1"), None).await.is_empty());
+    drop(indexer);
+}
+
+/// `make run`'s job in miniature: `clinstream run` indexes examples/ into the embedded store, and a new process
+/// (`clinstream search`) reopens it and finds the relevant note, with its payload, by query and by filters.
+#[test]
+fn run_then_search_round_trip_through_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let cmd = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_clinstream"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CLINSTREAM__") || k == "CLINSTREAM_CONFIG" {
+                c.env_remove(k);
+            }
+        }
+        c.args(args)
+            .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+            .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+            .env("CLINSTREAM__STORE__PATH", &s.store.path)
+            .env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0")
+            .env("CLINSTREAM__LOG__FORMAT", "json")
+            .output()
+            .unwrap()
+    };
+    let out = dir.path().join("out");
+    let examples = root().join("examples");
+    let run = cmd(&["run", "--no-progress", "--input", examples.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(3), "{}", String::from_utf8_lossy(&run.stderr));
+    let search = cmd(&["search", "--query", "shortness of breath", "--json", "--top", "5"]);
+    assert!(search.status.success(), "{}", String::from_utf8_lossy(&search.stderr));
+    let hits: Vec<Value> =
+        String::from_utf8(search.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(hits.len(), 5);
+    let top = &hits[0]["payload"];
+    assert!(top["text"].as_str().unwrap().to_lowercase().contains("shortness of breath"), "{top}");
+    // Filtered: one patient's chunks only, and the text view prints doc id, section and a snippet.
+    let patient = top["patient"].as_str().unwrap().to_string();
+    let search = cmd(&["search", "--query", "cough", "--patient", &patient]);
+    let text = String::from_utf8(search.stdout).unwrap();
+    assert!(text.contains(&format!("patient {patient}")) && text.contains("section "), "{text}");
+    let headers: Vec<&str> = text.lines().filter(|l| l.contains("  doc ") && l.contains("  chunk ")).collect();
+    assert!(!headers.is_empty() && headers.iter().all(|l| l.ends_with(&format!("patient {patient}"))), "{text}");
+    // Logs never carry note text.
+    let logs = String::from_utf8_lossy(&run.stderr);
+    assert!(!logs.to_lowercase().contains("shortness of breath"));
+}
+
+/// The server sink, against a real Qdrant when `QDRANT_URL` is set (no Qdrant server package exists in the
+/// registries these machines reach): collection bootstrap, idempotent re-upsert, version replacement, search.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qdrant_server_sink_when_qdrant_url_is_set() {
+    let Ok(url) = std::env::var("QDRANT_URL") else {
+        eprintln!("SKIPPED: QDRANT_URL is not set (e.g. QDRANT_URL=http://localhost:6334)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.store.kind = "qdrant".into();
+    s.store.url = url;
+    s.store.api_key = std::env::var("QDRANT_API_KEY").unwrap_or_default();
+    s.store.collection = format!("clinstream_test_{}", std::process::id());
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    let store: Arc<Store> = indexer.store().clone();
+    let doc = pipeline.process(&note("doc-b", "1", "current", "Patient/p2", RESPIRATORY)).unwrap();
+    let n = indexer.index(&doc).await.unwrap();
+    indexer.index(&doc).await.unwrap();
+    assert_eq!(store.count().await.unwrap(), n, "re-upsert is idempotent");
+    // Reopening checks the existing collection's dimension instead of recreating it.
+    Store::open(&s.store, 384).await.unwrap();
+    assert!(Store::open(&s.store, 768).await.is_err());
+    let v2 = pipeline.process(&note("doc-b", "2", "current", "Patient/p2", "PLAN: pneumonia resolved.")).unwrap();
+    let n2 = indexer.index(&v2).await.unwrap();
+    assert_eq!(store.count().await.unwrap(), n2, "the old version's points are gone");
+}
