@@ -100,7 +100,7 @@ pub struct StoreSettings {
     /// Qdrant server gRPC URL (`https://` for TLS).
     pub url: String,
     /// Qdrant API key (empty = none). Prefer `CLINSTREAM__STORE__API_KEY` from a Secret.
-    pub api_key: String,
+    pub api_key: Secret,
     /// Keep vectors and payload on disk (server collections and the embedded store).
     pub on_disk: bool,
     /// Points per upsert request.
@@ -561,7 +561,8 @@ pub fn redact(value: &mut toml::Value) {
     match value {
         toml::Value::Table(table) => {
             for (k, v) in table.iter_mut() {
-                if is_secret_key(k) && !v.is_table() {
+                // An empty value is "not set", not a secret; printing it says so.
+                if is_secret_key(k) && !v.is_table() && v.as_str() != Some("") {
                     *v = toml::Value::String(REDACTED.to_string());
                 } else {
                     redact(v);
@@ -602,7 +603,8 @@ impl fmt::Display for Secret {
 
 impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(REDACTED)
+        // Empty means "not set": nothing to hide, and printing it says so.
+        s.serialize_str(if self.0.is_empty() { "" } else { REDACTED })
     }
 }
 

@@ -268,7 +268,7 @@ async fn qdrant_server_sink_when_qdrant_url_is_set() {
     let Some(mut s) = settings(dir.path()) else { return };
     s.store.kind = "qdrant".into();
     s.store.url = url;
-    s.store.api_key = std::env::var("QDRANT_API_KEY").unwrap_or_default();
+    s.store.api_key = clinstream::config::Secret::new(std::env::var("QDRANT_API_KEY").unwrap_or_default());
     s.store.collection = format!("clinstream_test_{}", std::process::id());
     let pipeline = Arc::new(Pipeline::new(&s).unwrap());
     let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
@@ -283,4 +283,42 @@ async fn qdrant_server_sink_when_qdrant_url_is_set() {
     let v2 = pipeline.process(&note("doc-b", "2", "current", "Patient/p2", "PLAN: pneumonia resolved.")).unwrap();
     let n2 = indexer.index(&v2).await.unwrap();
     assert_eq!(store.count().await.unwrap(), n2, "the old version's points are gone");
+}
+
+/// SEOS chunks of real notes (MTSamples fixtures), as snapshots: where the cuts fall, which sections, the overlap,
+/// the tokens. Also checked with the real tokenizer: no chunk is over `chunking.chunk_tokens`, and chunks start
+/// with exactly the configured overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seos_chunks_of_real_notes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    for name in ["1288-soap--chart--progress-notes", "13-neurology", "1506-radiology"] {
+        let text = std::fs::read_to_string(root().join(format!("tests/fixtures/mtsamples/{name}.txt"))).unwrap();
+        let doc = pipeline.analyse(clinstream::model::Note::from_text(name, text));
+        let units = indexer.units(&doc);
+        let chunks = indexer.chunks(&doc, &units).await.unwrap();
+        let mut out = String::new();
+        for (i, c) in chunks.iter().enumerate() {
+            let body = &doc.note.text[c.start..c.end];
+            let real = indexer.embedder().count_tokens(body);
+            assert!(real <= s.chunking.chunk_tokens, "{name} chunk {i}: {real} tokens");
+            if i > 0 && chunks[i - 1].sections == c.sections {
+                assert_eq!(c.overlap_units, s.chunking.overlap_sentences, "{name} chunk {i}");
+            }
+            let sections: Vec<&str> = c.sections.iter().map(|&k| doc.sections[k].name).collect();
+            let head: String = body.chars().take(50).collect();
+            out.push_str(&format!(
+                "{i:>2} {:<40} overlap {} tokens {:>3}  {}\n",
+                sections.join(","),
+                c.overlap_units,
+                c.tokens,
+                head.replace('\n', " ")
+            ));
+        }
+        insta::with_settings!({snapshot_suffix => name, prepend_module_to_snapshot => false}, {
+            insta::assert_snapshot!("seos", out);
+        });
+    }
 }

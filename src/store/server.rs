@@ -52,8 +52,8 @@ impl ServerStore {
     /// is missing, or checks its dimension when it exists.
     pub async fn open(s: &StoreSettings, dim: Option<usize>) -> Result<ServerStore, StoreError> {
         let mut builder = Qdrant::from_url(&s.url).timeout(Duration::from_millis(s.timeout_ms));
-        if !s.api_key.is_empty() {
-            builder = builder.api_key(s.api_key.clone());
+        if !s.api_key.expose().is_empty() {
+            builder = builder.api_key(s.api_key.expose().to_string());
         }
         let client = builder.build().map_err(|e| classify("connect", e))?;
         let store = ServerStore { client, collection: s.collection.clone(), batch: s.upsert_batch };
