@@ -76,11 +76,7 @@ pub fn sparse_query(bm25: &EdgeBm25, text: &str) -> Sparse {
 impl Indexer {
     /// Loads the model (blocking, on the blocking pool) and opens the store with the model's dimension.
     pub async fn start(settings: &Settings, compiled: Arc<crate::stages::Compiled>) -> Result<Indexer, String> {
-        let embed = settings.embed.clone();
-        let embedder = tokio::task::spawn_blocking(move || Embedder::start(&embed))
-            .await
-            .map_err(|e| format!("embedder start-up failed: {e}"))?
-            .map_err(|e| format!("embedding model: {e}"))?;
+        let embedder = Embedder::start_async(&settings.embed).await.map_err(|e| format!("embedding model: {e}"))?;
         let info = embedder.info().clone();
         let c = &settings.chunking;
         if c.chunk_tokens + info.special_tokens > info.max_tokens {

@@ -16,11 +16,7 @@ pub async fn search(
     section: Option<&str>,
     top: usize,
 ) -> Result<Vec<Hit>, String> {
-    let embed = settings.embed.clone();
-    let embedder = tokio::task::spawn_blocking(move || Embedder::start(&embed))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("embedding model: {e}"))?;
+    let embedder = Embedder::start_async(&settings.embed).await.map_err(|e| format!("embedding model: {e}"))?;
     let store = Store::open_existing(&settings.store).await.map_err(|e| format!("vector store: {e}"))?;
     let dense = embedder.embed(&[query]).await.map_err(|e| e.0)?.pop().unwrap_or_default();
     let bm25 = crate::index::bm25(settings.store.bm25_avg_len)?;

@@ -68,6 +68,17 @@ pub fn model_files(model_dir: &str) -> (PathBuf, PathBuf) {
     (dir.join("model.onnx"), dir.join("tokenizer.json"))
 }
 
+fn backend_options<'a>(s: &'a EmbedSettings, model: &'a Path) -> backend::BackendOptions<'a> {
+    backend::BackendOptions {
+        library: &s.ort_library,
+        model,
+        provider: &s.execution_provider,
+        cuda_device: s.cuda_device,
+        intra_threads: s.intra_threads,
+        output: &s.output,
+    }
+}
+
 /// The model's own input limit: `max_seq_length` (sentence-transformers), else `max_position_embeddings`.
 fn model_max_tokens(model_dir: &Path) -> Option<usize> {
     let read = |file: &str, key: &str| -> Option<usize> {
@@ -110,15 +121,7 @@ impl Embedder {
             .with_truncation(Some(tokenizers::TruncationParams { max_length: max_tokens, ..Default::default() }))
             .map_err(|e| EmbedError(format!("tokenizer truncation: {e}")))?;
         let special_tokens = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(false));
-        let options = backend::BackendOptions {
-            library: &s.ort_library,
-            model: &model_path,
-            provider: &s.execution_provider,
-            cuda_device: s.cuda_device,
-            intra_threads: s.intra_threads,
-            output: &s.output,
-        };
-        let mut model = backend::Backend::load(&options).map_err(EmbedError)?;
+        let mut model = backend::Backend::load(&backend_options(s, &model_path)).map_err(EmbedError)?;
         // Warm-up: one real batch at the longest length the model takes, which also gives the dimension.
         let warm = tokenizer.encode("warm up ".repeat(max_tokens), true).map_err(|e| EmbedError(e.to_string()))?;
         let probe = model.run(&[warm.get_ids()]).map_err(EmbedError)?;
@@ -151,6 +154,14 @@ impl Embedder {
             "Embedding model loaded and warm."
         );
         Ok(Embedder { tx, tokenizer: Arc::new(tokenizer), info })
+    }
+
+    /// `start` on the blocking pool (loading and warming the model takes a while).
+    pub async fn start_async(s: &EmbedSettings) -> Result<Embedder, EmbedError> {
+        let s = s.clone();
+        tokio::task::spawn_blocking(move || Embedder::start(&s))
+            .await
+            .map_err(|e| EmbedError(format!("embedder start-up failed: {e}")))?
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -208,15 +219,7 @@ impl Embedder {
 /// tokens embedded and the time taken (after one warm-up run).
 pub fn bare_loop(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<(usize, Duration), EmbedError> {
     let (model_path, _) = model_files(&s.model_dir);
-    let options = backend::BackendOptions {
-        library: &s.ort_library,
-        model: &model_path,
-        provider: &s.execution_provider,
-        cuda_device: s.cuda_device,
-        intra_threads: s.intra_threads,
-        output: &s.output,
-    };
-    let mut model = backend::Backend::load(&options).map_err(EmbedError)?;
+    let mut model = backend::Backend::load(&backend_options(s, &model_path)).map_err(EmbedError)?;
     if let Some(first) = inputs.first() {
         model.run(&[first.as_slice()]).map_err(EmbedError)?;
     }

@@ -110,30 +110,24 @@ impl Store {
     /// Opens the store and makes sure the collection exists with vectors of `dim` (created with its payload
     /// indexes when missing; a collection of another dimension is an error).
     pub async fn open(s: &StoreSettings, dim: usize) -> Result<Store, StoreError> {
-        match s.kind.as_str() {
-            "embedded" => {
-                let s = s.clone();
-                tokio::task::spawn_blocking(move || embedded::EmbeddedStore::open(&s, Some(dim)))
-                    .await
-                    .map_err(|e| StoreError::fatal(format!("store task failed: {e}")))?
-                    .map(Store::Embedded)
-            }
-            "qdrant" => server::ServerStore::open(s, Some(dim)).await.map(Store::Server),
-            other => Err(StoreError::fatal(format!("store.kind `{other}` has no store"))),
-        }
+        Self::open_with(s, Some(dim)).await
     }
 
     /// Opens an existing store for reading (`clinstream search`): the dimension is whatever it holds.
     pub async fn open_existing(s: &StoreSettings) -> Result<Store, StoreError> {
+        Self::open_with(s, None).await
+    }
+
+    async fn open_with(s: &StoreSettings, dim: Option<usize>) -> Result<Store, StoreError> {
         match s.kind.as_str() {
             "embedded" => {
                 let s = s.clone();
-                tokio::task::spawn_blocking(move || embedded::EmbeddedStore::open(&s, None))
+                tokio::task::spawn_blocking(move || embedded::EmbeddedStore::open(&s, dim))
                     .await
                     .map_err(|e| StoreError::fatal(format!("store task failed: {e}")))?
                     .map(Store::Embedded)
             }
-            "qdrant" => server::ServerStore::open(s, None).await.map(Store::Server),
+            "qdrant" => server::ServerStore::open(s, dim).await.map(Store::Server),
             other => Err(StoreError::fatal(format!("store.kind `{other}` has no store"))),
         }
     }
