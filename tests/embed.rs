@@ -208,6 +208,14 @@ async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error()
     let removed = index(note("doc-a", "2", "entered-in-error", "Patient/p1", CARDIAC)).await;
     assert_eq!(removed, 0);
     assert!(search("heart attack", Some("Patient/p1"), None).await.is_empty());
+    // The work shows in the metrics (this process's registry).
+    let body = clinstream::telemetry::metrics::metrics().render();
+    let value = |prefix: &str| -> f64 {
+        body.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+    };
+    assert!(value("clinstream_embed_tokens_total ") > 0.0, "{body}");
+    assert!(value("clinstream_qdrant_points_total{operation=\"upserted\"}") >= (n_cardiac + n_resp) as f64);
+    assert!(value("clinstream_qdrant_upsert_duration_seconds_count{store=\"embedded\"}") >= 3.0);
     drop(indexer);
 }
 

@@ -307,6 +307,9 @@ pub fn metrics() -> &'static Metrics {
         for operation in ["upserted", "deleted_documents"] {
             m.store_points.with_label_values(&[operation]);
         }
+        for store in ["embedded", "qdrant"] {
+            m.store_upsert_duration.with_label_values(&[store]);
+        }
         m
     })
 }
