@@ -16,7 +16,7 @@ SHARED ?= ../shared
 HELM_SDK_VERSION := 0.2.2
 NOIDA_VERSION := 0.2.3
 
-.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench kafka model
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench bench-e2e bench-rss kafka model
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
@@ -25,6 +25,7 @@ help:
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
 	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
 	@echo "make bench  text stages beside medSpaCy on MTSamples (SHARED), results in bench/results/"
+	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
@@ -83,6 +84,18 @@ eval: build
 # Benchmarks beside medSpaCy on the MTSamples notes in SHARED (BENCH_LIMIT=N for a quicker run).
 bench: model
 	bash bench/run.sh $(SHARED) $(BENCH_LIMIT)
+
+# Through a local broker: notes/s from the input topic to committed outputs, 1 and 2 workers (E2E_NOTES notes).
+E2E_NOTES ?= 300
+bench-e2e: model tools build
+	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
+	python3 bench/kafka_e2e.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(E2E_NOTES) 1 2
+
+# RSS sampled every 5 s over a sustained run with indexing on (RSS_SECONDS, default 300).
+RSS_SECONDS ?= 300
+bench-rss: model build
+	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
+	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS)
 
 # Rebuild the compiled vocabularies in data/ from the open sources.
 vocab:

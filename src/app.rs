@@ -88,7 +88,7 @@ pub struct Summary {
     pub skipped_resources: u64,
     pub bytes: u64,
     pub elapsed: Duration,
-    /// Compiling the lexicon and variables, before the first document.
+    /// Compiling the lexicon and variables (and loading the model), before the first document.
     pub startup: Duration,
     /// True when a shutdown signal cut the run short.
     pub interrupted: bool,
@@ -132,7 +132,7 @@ impl fmt::Display for Summary {
             self.notes_per_second(),
             self.bytes as f64 / 1e6 / secs.max(1e-9)
         )?;
-        writeln!(f, "  {:<28}{:>8.2} s  (lexicon and variables)", "start-up", self.startup.as_secs_f64())?;
+        writeln!(f, "  {:<28}{:>8.2} s  (lexicon, variables, model)", "start-up", self.startup.as_secs_f64())?;
         for p in &self.outputs {
             writeln!(f, "  wrote {}", p.display())?;
         }

@@ -167,7 +167,11 @@ impl Metrics {
             ),
             startup_duration: register(
                 &r,
-                prometheus::Gauge::new(STARTUP_DURATION, "Time to compile the lexicon and variables.").unwrap(),
+                prometheus::Gauge::new(
+                    STARTUP_DURATION,
+                    "Start-up time: lexicon and variables, and the embedding model when indexing.",
+                )
+                .unwrap(),
             ),
             build_info: register(
                 &r,

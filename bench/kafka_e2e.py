@@ -1,0 +1,141 @@
+"""End-to-end through a Kafka-protocol broker: notes/s from the input topic to committed outputs, with indexing on
+(fixed-size chunks, CPU embedding), for 1 and 2 workers; names the stage where the time goes.
+
+    python3 bench/kafka_e2e.py BIN MTSAMPLES_CSV N [WORKERS...]     (prints JSON)
+
+Starts a fresh noida-db broker (`make tools`) per worker count, produces N MTSamples notes wrapped as
+DocumentReferences onto a 4-partition topic, starts the workers (each with its own embedded store: two processes
+cannot share one; production workers share a Qdrant server), and measures from the moment every worker is ready
+(/readyz) until every event is finished and a commit has followed. Stage shares come from the workers' own
+`clinstream_stage_duration_seconds` sums. Standard library only."""
+import base64, csv, json, os, socket, subprocess, sys, tempfile, time, urllib.request
+
+csv.field_size_limit(1 << 30)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def metrics(port):
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except Exception:
+        return ""
+
+
+def ready(port):
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200
+    except Exception:
+        return False
+
+
+def total(body, prefix):
+    return sum(float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(prefix))
+
+
+def stage_sums(body):
+    out = {}
+    for l in body.splitlines():
+        if l.startswith("clinstream_stage_duration_seconds_sum{"):
+            stage = l.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] = out.get(stage, 0.0) + float(l.rsplit(" ", 1)[1])
+    return out
+
+
+def notes(path, n):
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [r["transcription"] for r in csv.DictReader(f) if r.get("transcription", "").strip()]
+    for i, text in enumerate(rows[:n]):
+        yield json.dumps({"resourceType": "DocumentReference", "id": f"mts-{i}", "status": "current",
+                          "subject": {"reference": f"Patient/{i % 97}"},
+                          "content": [{"attachment": {"contentType": "text/plain",
+                                                      "data": base64.b64encode(text.encode()).decode()}}]})
+
+
+def run(bin_, events_path, n, workers, work):
+    port = free_port()
+    data = tempfile.mkdtemp(dir=work)
+    broker = subprocess.Popen([".tools/noida/noida_db/noida-db", "start", "--only", "kafka", "--host", "127.0.0.1",
+                               "--kafka-port", str(port), "--data-dir", data],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = []
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        env = dict(os.environ)
+        env.update({
+            "CLINSTREAM__KAFKA__ENABLED": "true", "CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+            "CLINSTREAM__KAFKA__GROUP_ID": "bench", "CLINSTREAM__KAFKA__CREATE_TOPICS": "true",
+            "CLINSTREAM__KAFKA__CREATE_PARTITIONS": "4", "CLINSTREAM__CHUNKING__STRATEGY": "fixed",
+            "CLINSTREAM__LOG__LEVEL": "warn", "CLINSTREAM__LOG__FORMAT": "json",
+        })
+        subprocess.run([bin_, "produce", "--input", events_path, "--create-topics"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        ports = []
+        for w in range(workers):
+            mport = free_port()
+            ports.append(mport)
+            wenv = dict(env, CLINSTREAM__METRICS__ADDR=f"127.0.0.1:{mport}",
+                        CLINSTREAM__STORE__PATH=os.path.join(data, f"qdrant-{w}"))
+            procs.append(subprocess.Popen([bin_, "run"], env=wenv, stdout=subprocess.DEVNULL,
+                                          stderr=open(os.path.join(data, f"w{w}.log"), "w")))
+        while not all(ready(p) for p in ports):
+            time.sleep(0.05)
+        start = time.time()
+        while sum(total(metrics(p), "clinstream_documents_finished_total{") for p in ports) < n:
+            time.sleep(0.1)
+        finished = time.time()
+        commits = sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports)
+        while sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports) <= commits:
+            time.sleep(0.05)
+        committed = time.time()
+        bodies = [metrics(p) for p in ports]
+        stages = {}
+        for b in bodies:
+            for k, v in stage_sums(b).items():
+                stages[k] = stages.get(k, 0.0) + v
+        tokens = sum(total(b, "clinstream_embed_tokens_total ") for b in bodies)
+        # Per-document stage time; "index" contains "embed" and "qdrant", so it is not counted twice.
+        shown = {k: v for k, v in stages.items() if k not in ("index",)}
+        busiest = max(shown, key=shown.get) if shown else None
+        return {
+            "workers": workers, "notes": n, "seconds_to_committed": round(committed - start, 2),
+            "notes_per_s": round(n / (committed - start), 2), "notes_per_s_finished": round(n / (finished - start), 2),
+            "embed_tokens": int(tokens), "stage_seconds": {k: round(v, 2) for k, v in sorted(shown.items())},
+            "bottleneck": busiest,
+        }
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+        broker.terminate()
+        broker.wait(timeout=30)
+
+
+def main():
+    bin_, csv_path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    counts = [int(w) for w in sys.argv[4:]] or [1, 2]
+    work = tempfile.mkdtemp(prefix="clinstream-e2e-")
+    events = os.path.join(work, "events.ndjson")
+    with open(events, "w") as f:
+        for line in notes(csv_path, n):
+            f.write(line + "\n")
+    results = [run(bin_, events, n, w, work) for w in counts]
+    json.dump({"command": f"python3 bench/kafka_e2e.py BIN mtsamples.csv {n} {' '.join(map(str, counts))}",
+               "runs": results}, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Memory over a sustained run: the worker processes MTSamples notes (wrapped as DocumentReferences, fed in a loop on
+stdin) with indexing on, and its RSS is sampled every few seconds for DURATION seconds.
+
+    python3 bench/rss.py BIN MTSAMPLES_CSV [DURATION_S] [STRATEGY]     (prints JSON)
+
+Reports the first sample after warm-up (the first minute), the last, the peak, and the least-squares slope of RSS
+over the samples after warm-up (MB per minute): flat means the slope is near zero. Standard library only."""
+import base64, csv, json, os, subprocess, sys, tempfile, threading, time
+
+csv.field_size_limit(1 << 30)
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main():
+    bin_, path = sys.argv[1], sys.argv[2]
+    duration = float(sys.argv[3]) if len(sys.argv) > 3 else 300.0
+    strategy = sys.argv[4] if len(sys.argv) > 4 else "seos"
+    with open(path, newline="", encoding="utf-8") as f:
+        texts = [r["transcription"] for r in csv.DictReader(f) if r.get("transcription", "").strip()]
+    work = tempfile.mkdtemp(prefix="clinstream-rss-")
+    env = dict(os.environ, CLINSTREAM__STORE__PATH=os.path.join(work, "qdrant"), CLINSTREAM__LOG__LEVEL="warn",
+               CLINSTREAM__METRICS__ADDR="127.0.0.1:0", CLINSTREAM__CHUNKING__STRATEGY=strategy)
+    proc = subprocess.Popen([bin_, "run", "--no-progress", "--input", "-", "--out", os.path.join(work, "out")],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    stop = threading.Event()
+
+    def feed():
+        i = 0
+        try:
+            while not stop.is_set():
+                text = texts[i % len(texts)]
+                doc = {"resourceType": "DocumentReference", "id": f"rss-{i}", "status": "current",
+                       "subject": {"reference": f"Patient/{i % 97}"},
+                       "content": [{"attachment": {"contentType": "text/plain",
+                                                   "data": base64.b64encode(text.encode()).decode()}}]}
+                proc.stdin.write((json.dumps(doc) + "\n").encode())
+                i += 1
+        except (BrokenPipeError, ValueError):
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    samples = []
+    start = time.time()
+    while time.time() - start < duration:
+        samples.append((time.time() - start, rss_mb(proc.pid)))
+        time.sleep(5)
+    stop.set()
+    proc.kill()
+    proc.wait()
+    steady = [(t, r) for t, r in samples if t >= 60] or samples
+    n = len(steady)
+    mt = sum(t for t, _ in steady) / n
+    mr = sum(r for _, r in steady) / n
+    var = sum((t - mt) ** 2 for t, _ in steady) or 1.0
+    slope = sum((t - mt) * (r - mr) for t, r in steady) / var * 60
+    json.dump({"duration_s": duration, "strategy": strategy, "samples": len(samples),
+               "rss_mb_after_warmup": round(steady[0][1], 1), "rss_mb_last": round(samples[-1][1], 1),
+               "rss_mb_peak": round(max(r for _, r in samples), 1), "slope_mb_per_min": round(slope, 2),
+               "series": [[round(t), round(r, 1)] for t, r in samples]}, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
