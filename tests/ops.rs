@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,16 +20,6 @@ fn have(tool: &str) -> bool {
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
 }
 
 /// A worker reading stdin (kept open) with metrics on `port`.
@@ -54,10 +43,6 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(start.elapsed() < timeout, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn metric_value(body: &str, series: &str) -> Option<f64> {
-    body.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?.rsplit(' ').next()?.parse().ok()
 }
 
 /// Feeds canary-laden good and bad notes and waits until the worker has finished them.
@@ -299,6 +284,69 @@ fn the_helm_chart_renders_and_lints() {
     assert!(!deployment.contains("replicas:"), "KEDA owns the replica count");
     assert!(m["clinstream/templates/servicemonitor.yaml"].as_str().unwrap().contains("kind: ServiceMonitor"));
     assert!(m["clinstream/templates/keda.yaml"].as_str().unwrap().contains("kind: ScaledObject"));
+
+    // Every CLINSTREAM__ variable the chart can set (ConfigMap and Secret references, all secrets on) must be a
+    // setting the worker accepts: an unknown key would stop every pod at start-up.
+    let kafka = helm(serde_json::json!({
+        "args": ["run", "--no-progress"],
+        "config": {"kafka.enabled": "true", "kafka.bootstrap_servers": "kafka:9092",
+                   "kafka.schema_registry.url": "https://registry:8081",
+                   "kafka.common.security.protocol": "SASL_SSL", "kafka.common.sasl.mechanisms": "SCRAM-SHA-512"},
+        "secrets": {"kafkaSasl": {"enabled": true}, "kafkaTls": {"enabled": true}, "qdrantApiKey": {"enabled": true},
+                    "schemaRegistry": {"enabled": true}}
+    }))
+    .unwrap();
+    assert!(kafka.get("error").is_none(), "{kafka}");
+    let m = &kafka["manifests"];
+    let mut env: Vec<(String, String)> = Vec::new();
+    for line in m["clinstream/templates/configmap.yaml"].as_str().unwrap().lines() {
+        if let Some((k, v)) = line.trim().split_once(": ")
+            && k.starts_with("CLINSTREAM__")
+        {
+            env.push((k.to_string(), v.trim_matches('"').to_string()));
+        }
+    }
+    let deployment = m["clinstream/templates/deployment.yaml"].as_str().unwrap();
+    let lines: Vec<&str> = deployment.lines().map(str::trim).collect();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(name) = line.strip_prefix("- name: CLINSTREAM__") {
+            let value = match lines[i + 1].strip_prefix("value: ") {
+                Some(v) => v.to_string(),
+                None if name.ends_with("PASSWORD") || name.ends_with("API_KEY") => "secret-value".to_string(),
+                None => "from-a-secret".to_string(),
+            };
+            env.push((format!("CLINSTREAM__{name}"), value));
+        }
+    }
+    let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    for expected in [
+        "CLINSTREAM__KAFKA__COMMON__SASL__USERNAME",
+        "CLINSTREAM__KAFKA__COMMON__SASL__PASSWORD",
+        "CLINSTREAM__KAFKA__COMMON__SSL__CA__LOCATION",
+        "CLINSTREAM__STORE__API_KEY",
+        "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__USERNAME",
+        "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__PASSWORD",
+        "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__URL",
+    ] {
+        assert!(names.contains(&expected), "{expected} not set by the chart: {names:?}");
+    }
+    let mut print = Command::new(env!("CARGO_BIN_EXE_clinstream"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CLINSTREAM__") {
+            print.env_remove(k);
+        }
+    }
+    let out = print.args(["config", "print"]).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the chart's settings are refused: {}", String::from_utf8_lossy(&out.stderr));
+    for expected in [
+        "\"sasl.username\" = ",
+        "\"ssl.ca.location\" = \"/etc/clinstream/kafka-tls/ca.crt\"",
+        "url = \"https://registry:8081\"",
+    ] {
+        assert!(printed.contains(expected), "{expected} missing from the effective settings:\n{printed}");
+    }
+    assert!(!printed.contains("secret-value"), "passwords and keys are redacted when printed:\n{printed}");
 
     let bad = helm(serde_json::json!({"image": {"repository": "x", "pullPolicy": "Sometimes"}})).unwrap();
     assert!(bad.get("error").is_some(), "values.schema.json rejects a bad pullPolicy: {bad}");

@@ -24,7 +24,7 @@ panel("CLEAR context tokens per note and variable", ["histogram_quantile(0.5, su
 panel("Mentions by entity kind (/s)", ["sum by (kind) (rate(%s[5m]))" % s("clinstream_mentions_total")], "ops", 12,24, ["{{kind}}"])
 panel("Dead-letter share of finished documents", ["sum(rate(%s[5m])) / clamp_min(sum(rate(%s[5m])), 1e-9)" % (s("clinstream_documents_finished_total", dl), s("clinstream_documents_finished_total"))], "percentunit", 0,32, ["dead-lettered share"])
 panel("Start-up time", ["max by (pod) (%s)" % s("clinstream_startup_duration_seconds")], "s", 12,32, ["{{pod}}"])
-panel("Kafka consumer lag (messages)", ["sum by (pod) (%s)" % s("clinstream_consumer_lag_messages")], "short", 0,40, ["{{pod}}"])
+panel("Kafka consumer lag per partition (messages)", ["sum by (topic, partition) (%s)" % s("clinstream_consumer_lag_messages"), "sum by (topic) (deriv(%s[5m]))" % s("clinstream_kafka_committed_offset")], "short", 0,40, ["lag {{topic}}/{{partition}}","committed/s {{topic}}"])
 panel("Kafka records produced (/s)", ["sum by (output) (rate(%s[5m]))" % s("clinstream_kafka_records_produced_total")], "ops", 12,40, ["{{output}}"])
 panel("Kafka commits and retries (/s)", ["sum by (outcome) (rate(%s[5m]))" % s("clinstream_kafka_commits_total"), "sum by (operation) (rate(%s[5m]))" % s("clinstream_kafka_retries_total")], "ops", 0,48, ["commit {{outcome}}","retry {{operation}}"])
 panel("Kafka partitions, pauses, rebalances", ["sum by (pod) (%s)" % s("clinstream_kafka_assigned_partitions"), "max by (pod) (%s)" % s("clinstream_kafka_paused"), "sum by (kind) (increase(%s[15m]))" % s("clinstream_kafka_rebalances_total")], "short", 12,48, ["assigned {{pod}}","paused {{pod}}","rebalances {{kind}}"])

@@ -73,9 +73,15 @@ impl Encoder {
         Ok(out)
     }
 
-    /// Strips and checks the frame header, then decodes the datum (for tests and tools).
+    /// Strips and checks the frame header, then decodes the datum (for tests and tools). A record in the
+    /// Confluent wire format is read with this encoder's schema whatever its id (the tools read topics this worker
+    /// wrote; a registry-aware consumer resolves the id instead).
     pub fn decode(&self, bytes: &[u8]) -> Result<Value, String> {
-        let body = bytes.strip_prefix(self.header.as_slice()).ok_or("frame header does not match the schema")?;
+        let body = match bytes.strip_prefix(self.header.as_slice()) {
+            Some(body) => body,
+            None if bytes.len() >= 5 && bytes[0] == 0 => &bytes[5..],
+            None => return Err("frame header does not match the schema".into()),
+        };
         let mut reader = body;
         apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
             .build()
@@ -297,5 +303,18 @@ mod tests {
     fn confluent_framing_is_magic_byte_and_big_endian_schema_id() {
         let enc = Encoder::new(DLQ_SCHEMA, Framing::Confluent(0x0102_0304)).unwrap();
         assert_eq!(enc.header(), &[0, 1, 2, 3, 4]);
+        // The tools read either framing with the compiled schema; a foreign single-object fingerprint is refused.
+        let letter = DeadLetter {
+            error: DocError::new(ErrorCode::InvalidJson, Stage::Decode, "x"),
+            origin: Origin::Kafka { topic: "in".into(), partition: 0, offset: 1 },
+            doc_id: None,
+        };
+        let at = SourcePosition { topic: "in", partition: 0, offset: 1, timestamp_ms: None };
+        let framed = enc.encode(dead_letter_value(&letter, &at, b"v")).unwrap();
+        let single = Encoder::new(DLQ_SCHEMA, Framing::SingleObject).unwrap();
+        assert_eq!(field(&single.decode(&framed).unwrap(), "reason"), &Value::String("invalid_json".into()));
+        let kg = Encoder::new(KG_SCHEMA, Framing::SingleObject).unwrap();
+        let dlq_single = single.encode(dead_letter_value(&letter, &at, b"v")).unwrap();
+        assert!(kg.decode(&dlq_single).is_err());
     }
 }

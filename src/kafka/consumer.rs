@@ -13,7 +13,7 @@
 //! * Offsets are never stored by librdkafka itself (`enable.auto.offset.store=false`, `enable.auto.commit=false`):
 //!   the runner stores and commits per-partition watermarks of finished documents.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -76,6 +76,9 @@ pub struct IntakeContext {
     paused: AtomicBool,
     /// Partitions currently assigned to this worker; the runner commits only these.
     assigned: Mutex<BTreeSet<Tp>>,
+    /// The highest offset this process committed per partition (commits never move backwards); with the
+    /// partitions' end offsets from librdkafka's statistics it gives the per-partition lag.
+    committed: Mutex<HashMap<Tp, i64>>,
     topic_names: Mutex<Vec<Arc<str>>>,
 }
 
@@ -101,6 +104,17 @@ impl IntakeContext {
 
     pub fn assigned(&self) -> Vec<Tp> {
         self.assigned.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// The offset this process last committed for `tp`.
+    pub fn committed(&self, tp: &Tp) -> Option<i64> {
+        self.committed.lock().unwrap_or_else(|p| p.into_inner()).get(tp).copied()
+    }
+
+    /// Records a successful commit (and exports it as `clinstream_kafka_committed_offset`).
+    pub fn record_committed(&self, tp: Tp, offset: i64) {
+        metrics().committed_offset.with_label_values(&[&*tp.0, &tp.1.to_string()]).set(offset);
+        self.committed.lock().unwrap_or_else(|p| p.into_inner()).insert(tp, offset);
     }
 
     /// Queues an item behind anything held, then hands over what fits.
@@ -154,17 +168,27 @@ impl ClientContext for IntakeContext {
     }
 
     fn stats(&self, statistics: Statistics) {
+        // Lag per assigned partition: the end a read_committed consumer can reach (the last stable offset, or the
+        // high watermark when the broker reports none) minus the committed watermark — ours when this process has
+        // committed (transactional commits never reach librdkafka's own offset bookkeeping), else the group's
+        // committed offset as librdkafka fetched it on assignment.
         let assigned = self.assigned();
-        let mut lag = 0i64;
         for (name, topic) in &statistics.topics {
             for (id, p) in &topic.partitions {
                 let tp: Tp = (self.topic(name), *id);
-                if *id >= 0 && assigned.contains(&tp) && p.consumer_lag_stored >= 0 {
-                    lag += p.consumer_lag_stored;
+                if *id < 0 || !assigned.contains(&tp) {
+                    continue;
                 }
+                let end = if p.ls_offset >= 0 { p.ls_offset } else { p.hi_offset };
+                let committed = self.committed(&tp).or((p.committed_offset >= 0).then_some(p.committed_offset));
+                let lag = match committed {
+                    Some(c) if end >= 0 => (end - c).max(0),
+                    _ if p.consumer_lag >= 0 => p.consumer_lag,
+                    _ => continue,
+                };
+                metrics().consumer_lag.with_label_values(&[name.as_str(), &id.to_string()]).set(lag);
             }
         }
-        metrics().consumer_lag.set(lag);
     }
 }
 
@@ -222,6 +246,10 @@ impl IntakeContext {
         let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         for tp in partitions {
             assigned.remove(tp);
+            // A partition that moved to another worker is that worker's to report.
+            let labels = [&*tp.0, &tp.1.to_string()];
+            let _ = metrics().consumer_lag.remove_label_values(&labels);
+            let _ = metrics().committed_offset.remove_label_values(&labels);
         }
         metrics().assigned.set(assigned.len() as i64);
     }
@@ -297,6 +325,7 @@ pub fn start(settings: &Settings) -> Result<(IntakeHandle, mpsc::Receiver<Intake
         closing: AtomicBool::new(false),
         paused: AtomicBool::new(false),
         assigned: Mutex::new(BTreeSet::new()),
+        committed: Mutex::new(HashMap::new()),
         topic_names: Mutex::new(Vec::new()),
     };
     let consumer: IntakeConsumer = config.create_with_context(context).map_err(|e| format!("kafka consumer: {e}"))?;

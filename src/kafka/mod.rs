@@ -8,7 +8,8 @@
 //!   per-partition watermarks (or send them to the transaction and commit it).
 //! * `run` — the runner loop: the same in-order in-flight queue as file mode, so a partition's watermark never
 //!   passes a document whose outputs are not delivered.
-//! * `admin` — topic creation; `produce` — `clinstream produce` (NDJSON events onto a topic).
+//! * `admin` — topic creation; `registry` — Schema Registry registration (`kafka.schema_registry.url`);
+//!   `produce` — `clinstream produce` (NDJSON events onto a topic).
 //!
 //! See docs/kafka.md for the guarantees and the settings.
 
@@ -17,6 +18,7 @@ pub mod avro;
 pub mod consumer;
 pub mod output;
 pub mod produce;
+pub mod registry;
 pub mod run;
 
 use std::time::{Duration, Instant};

@@ -73,8 +73,6 @@ pub struct Output {
     lexicon_version: String,
     settings: crate::config::KafkaSettings,
     op_timeout: Duration,
-    /// The highest offset committed per partition by this process (commits never move backwards).
-    committed: HashMap<Tp, i64>,
 }
 
 fn halt(code: ErrorCode, detail: impl Into<String>) -> RunError {
@@ -116,7 +114,6 @@ impl Output {
             lexicon_version: lexicon_version.to_string(),
             settings: k.clone(),
             op_timeout: Duration::from_millis(k.retry_max_ms.max(10_000)),
-            committed: HashMap::new(),
         };
         if output.transactional {
             output.init_transactions().await?;
@@ -263,7 +260,7 @@ impl Output {
         let mut tpl = TopicPartitionList::new();
         let mut batch = Vec::new();
         for (tp, offset) in watermarks.drain() {
-            if !ctx.is_assigned(&tp) || self.committed.get(&tp).is_some_and(|c| *c >= offset) {
+            if !ctx.is_assigned(&tp) || ctx.committed(&tp).is_some_and(|c| c >= offset) {
                 continue;
             }
             tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(offset))
@@ -284,7 +281,7 @@ impl Output {
             }
         }
         for (tp, offset) in batch {
-            self.committed.insert(tp, offset);
+            ctx.record_committed(tp, offset);
         }
         Ok(())
     }

@@ -14,7 +14,6 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::admin;
-use super::avro::Framing;
 use super::consumer::{self, Intake, IntakeHandle, KafkaRecord, Tp};
 use super::output::Output;
 use crate::app::{self, Pending, RunError, Summary};
@@ -94,7 +93,7 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
         if k.create_topics {
             admin::ensure_topics(k).await?;
         }
-        let framing = [Framing::SingleObject, Framing::SingleObject, Framing::SingleObject];
+        let framing = super::registry::output_framing(k).await?;
         let output = Output::new(settings, pipeline.lexicon().version(), framing).await?;
         let (intake, rx) = consumer::start(settings).map_err(RunError::Config)?;
         Ok::<_, RunError>((indexer, output, intake, rx))

@@ -31,6 +31,7 @@ pub const NAMES: &[&str] = &[
     KAFKA_REBALANCES,
     KAFKA_ASSIGNED,
     CONSUMER_LAG,
+    KAFKA_COMMITTED_OFFSET,
     EMBED_BATCH_ITEMS,
     EMBED_BATCH_TOKENS,
     EMBED_TOKENS,
@@ -59,6 +60,7 @@ pub const KAFKA_PAUSED: &str = "clinstream_kafka_paused";
 pub const KAFKA_REBALANCES: &str = "clinstream_kafka_rebalances_total";
 pub const KAFKA_ASSIGNED: &str = "clinstream_kafka_assigned_partitions";
 pub const CONSUMER_LAG: &str = "clinstream_consumer_lag_messages";
+pub const KAFKA_COMMITTED_OFFSET: &str = "clinstream_kafka_committed_offset";
 pub const EMBED_BATCH_ITEMS: &str = "clinstream_embed_batch_items";
 pub const EMBED_BATCH_TOKENS: &str = "clinstream_embed_batch_tokens";
 pub const EMBED_TOKENS: &str = "clinstream_embed_tokens_total";
@@ -91,15 +93,17 @@ pub struct Metrics {
     pub records_produced: IntCounterVec,
     /// `outcome`: ok | failed.
     pub commits: IntCounterVec,
-    /// `operation`: deliver | commit | admin | init — transient failures retried.
+    /// `operation`: deliver | commit | admin | init | registry — transient failures retried.
     pub retries: IntCounterVec,
     /// 1 while the assigned partitions are paused because the in-flight budget is exhausted.
     pub paused: IntGauge,
     /// `kind`: assign | revoke.
     pub rebalances: IntCounterVec,
     pub assigned: IntGauge,
-    /// Messages between the committed watermark and the high watermark, summed over assigned partitions.
-    pub consumer_lag: IntGauge,
+    /// `topic`, `partition` (assigned ones only): messages between the committed watermark and the partition's end.
+    pub consumer_lag: IntGaugeVec,
+    /// `topic`, `partition` (assigned ones only): the offset this worker last committed.
+    pub committed_offset: IntGaugeVec,
     /// Inputs per model batch.
     pub embed_batch_items: Histogram,
     /// Tokens per model batch, padding included (longest × inputs).
@@ -218,7 +222,22 @@ impl Metrics {
             assigned: register(&r, IntGauge::new(KAFKA_ASSIGNED, "Input partitions assigned to this worker.").unwrap()),
             consumer_lag: register(
                 &r,
-                IntGauge::new(CONSUMER_LAG, "Messages not yet committed on the assigned partitions.").unwrap(),
+                IntGaugeVec::new(
+                    Opts::new(CONSUMER_LAG, "Messages not yet committed, per assigned input partition."),
+                    &["topic", "partition"],
+                )
+                .unwrap(),
+            ),
+            committed_offset: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        KAFKA_COMMITTED_OFFSET,
+                        "Offset last committed by this worker, per assigned input partition.",
+                    ),
+                    &["topic", "partition"],
+                )
+                .unwrap(),
             ),
             embed_batch_items: register(
                 &r,
@@ -302,7 +321,7 @@ pub fn metrics() -> &'static Metrics {
         for outcome in ["ok", "failed"] {
             m.commits.with_label_values(&[outcome]);
         }
-        for operation in ["deliver", "commit", "admin", "init"] {
+        for operation in ["deliver", "commit", "admin", "init", "registry"] {
             m.retries.with_label_values(&[operation]);
         }
         for kind in ["assign", "revoke"] {

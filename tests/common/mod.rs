@@ -1,6 +1,10 @@
 //! Shared helpers for integration tests: settings, event builders and the malformed-event corpus.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
 use base64::Engine as _;
 use clinstream::config::Settings;
 use clinstream::error::ErrorCode;
@@ -263,4 +267,20 @@ pub fn malformed_corpus() -> Vec<Case> {
     ];
     cases.sort_by_key(|c| c.name);
     cases
+}
+
+/// GET on loopback: (status, body), or None when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// The value of one exposition-format series (name with its labels, exactly as printed).
+pub fn metric_value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?.rsplit(' ').next()?.parse().ok()
 }

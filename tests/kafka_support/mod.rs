@@ -9,6 +9,9 @@
 
 #![allow(dead_code)]
 
+mod registry;
+pub use registry::TestRegistry;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
