@@ -1,11 +1,14 @@
 """Memory over a sustained run: the worker processes MTSamples notes (wrapped as DocumentReferences, fed in a loop on
 stdin) with indexing on, and its RSS is sampled every few seconds for DURATION seconds.
 
-    python3 bench/rss.py BIN MTSAMPLES_CSV [DURATION_S] [STRATEGY]     (prints JSON)
+    python3 bench/rss.py BIN MTSAMPLES_CSV [DURATION_S] [STRATEGY] [DISTINCT]     (prints JSON)
 
 STRATEGY: seos (default) or fixed — chunks embedded and indexed into the embedded store — or none (`run --no-embed`,
 every text stage, nothing indexed). With indexing on, the embedded store keeps the points it is given, so RSS grows
 with the data; the report gives the points stored and the growth per thousand points to tell data from a leak.
+DISTINCT (default 0 = every event a new document): event ids cycle over that many documents, so re-processed notes
+overwrite their own points and the store stops growing once every id has been seen — a steady state in which RSS
+must stay flat.
 
 Reports the first sample after warm-up (the first minute), the last, the peak, and the least-squares slope of RSS
 over the samples after warm-up (MB per minute): flat means the slope is near zero. Standard library only."""
@@ -26,6 +29,7 @@ def main():
     bin_, path = sys.argv[1], sys.argv[2]
     duration = float(sys.argv[3]) if len(sys.argv) > 3 else 300.0
     strategy = sys.argv[4] if len(sys.argv) > 4 else "seos"
+    distinct = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     with open(path, newline="", encoding="utf-8") as f:
         texts = [r["transcription"] for r in csv.DictReader(f) if r.get("transcription", "").strip()]
     work = tempfile.mkdtemp(prefix="clinstream-rss-")
@@ -45,8 +49,9 @@ def main():
         i = 0
         try:
             while not stop.is_set():
-                text = texts[i % len(texts)]
-                doc = {"resourceType": "DocumentReference", "id": f"rss-{i}", "status": "current",
+                text = texts[i % (distinct or len(texts))]
+                doc_id = f"rss-{i % distinct}" if distinct else f"rss-{i}"
+                doc = {"resourceType": "DocumentReference", "id": doc_id, "status": "current",
                        "subject": {"reference": f"Patient/{i % 97}"},
                        "content": [{"attachment": {"contentType": "text/plain",
                                                    "data": base64.b64encode(text.encode()).decode()}}]}
@@ -84,7 +89,7 @@ def main():
     growth = steady[-1][1] - steady[0][1]
     warm = len(samples) - n
     points_after_warmup = points - counts[warm][1]
-    json.dump({"duration_s": duration, "strategy": strategy, "samples": len(samples),
+    json.dump({"duration_s": duration, "strategy": strategy, "distinct_documents": distinct, "samples": len(samples),
                "documents": int(documents), "points": int(points),
                "rss_mb_after_warmup": round(steady[0][1], 1), "rss_mb_last": round(samples[-1][1], 1),
                "rss_mb_peak": round(max(r for _, r in samples), 1), "slope_mb_per_min": round(slope, 2),

@@ -110,6 +110,9 @@ pub struct StoreSettings {
     pub halt_after_ms: u64,
     /// BM25 average chunk length (words) for the sparse vector.
     pub bm25_avg_len: f64,
+    /// Embedded store: after this many points written or deleted, flush the segments and run Qdrant's optimizers
+    /// (vacuum, merge, index) in the background; 0 = only flush at shutdown.
+    pub maintain_every: u64,
 }
 
 /// Kafka mode (docs/kafka.md). The three passthrough maps go to librdkafka unchanged; secrets in them are

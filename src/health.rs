@@ -1,8 +1,9 @@
 //! `/metrics`, `/healthz` and `/readyz` on `metrics.addr`: a minimal HTTP/1.1 responder (GET only, one request
 //! per connection), enough for Prometheus and Kubernetes probes without an HTTP framework.
 //!
-//! `/healthz` is 200 while the process serves; `/readyz` is 200 once the source is open and the lexicon and
-//! variables are compiled (and, with their issues, the model warm and the store reachable), 503 otherwise.
+//! `/healthz` is 200 while the process serves; `/readyz` is 200 once the source is open, the lexicon and
+//! variables are compiled, the model warm and the store open — and then only while the vector store answers: while
+//! the indexer is retrying an unavailable store, `/readyz` is 503 (the worker is alive, but not doing its job).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,16 +14,24 @@ use tokio::net::TcpListener;
 
 use crate::telemetry::metrics::metrics;
 
-/// Shared readiness flag.
+/// Shared readiness flag (start-up done), combined with the store's state when read.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
+
+/// False while the indexer retries an unavailable vector store (one store per process).
+static STORE_REACHABLE: AtomicBool = AtomicBool::new(true);
+
+/// Called by the indexer: false when a store call failed transiently, true when one succeeded.
+pub fn set_store_reachable(reachable: bool) {
+    STORE_REACHABLE.store(reachable, Ordering::SeqCst);
+}
 
 impl Readiness {
     pub fn set(&self, ready: bool) {
         self.0.store(ready, Ordering::SeqCst);
     }
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst) && STORE_REACHABLE.load(Ordering::SeqCst)
     }
 }
 
@@ -68,4 +77,32 @@ pub async fn serve(addr: &str, readiness: Readiness) -> std::io::Result<SocketAd
         }
     });
     Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn status(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_whitespace().nth(1).unwrap_or("").to_string()
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_start_up_and_the_store() {
+        let readiness = Readiness::default();
+        let addr = serve("127.0.0.1:0", readiness.clone()).await.unwrap();
+        assert_eq!(status(addr, "/readyz").await, "503", "not ready before start-up is done");
+        readiness.set(true);
+        assert_eq!(status(addr, "/readyz").await, "200");
+        set_store_reachable(false);
+        assert_eq!(status(addr, "/readyz").await, "503", "not ready while the store is unavailable");
+        assert_eq!(status(addr, "/healthz").await, "200", "but alive");
+        set_store_reachable(true);
+        assert_eq!(status(addr, "/readyz").await, "200");
+    }
 }

@@ -300,7 +300,9 @@ impl Indexer {
         let started = Instant::now();
         let mut delay = Duration::from_millis(100);
         loop {
-            match op().await {
+            let result = op().await;
+            crate::health::set_store_reachable(!result.as_ref().is_err_and(|e| e.transient));
+            match result {
                 Ok(()) => return Ok(()),
                 Err(e) if e.transient && started.elapsed() < self.halt_after => {
                     metrics().store_retries.inc();

@@ -219,6 +219,39 @@ async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error()
     drop(indexer);
 }
 
+/// A long run rewrites points (re-delivered or re-processed notes, new versions); the embedded engine runs no
+/// optimizers itself, so the store's background maintenance (`store.maintain_every`) flushes and optimises, and
+/// the data stays whole through it and after a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_maintenance_keeps_data_whole_while_points_are_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.store.maintain_every = 10;
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    let store = indexer.store().clone();
+    let before = clinstream::telemetry::metrics::metrics().store_maintenance_duration.get_sample_count();
+    let mut expected = 0;
+    for round in 0..12 {
+        for (id, text) in [("doc-a", CARDIAC), ("doc-b", RESPIRATORY)] {
+            let doc = pipeline.process(&note(id, "1", "current", "Patient/p1", text)).unwrap();
+            let n = indexer.index(&doc).await.unwrap();
+            if round == 0 {
+                expected += n;
+            }
+        }
+    }
+    store.maintenance_idle().await;
+    let runs = clinstream::telemetry::metrics::metrics().store_maintenance_duration.get_sample_count() - before;
+    assert!(runs >= 2, "maintenance ran {runs} times over {} rewritten points", expected * 12);
+    assert_eq!(store.count().await.unwrap(), expected, "rewrites replace, maintenance keeps every live point");
+    store.flush().await.unwrap();
+    drop(indexer);
+    drop(store);
+    let reopened = clinstream::store::Store::open_existing(&s.store).await.unwrap();
+    assert_eq!(reopened.count().await.unwrap(), expected, "after a reopen");
+}
+
 /// `make run`'s job in miniature: `clinstream run` indexes examples/ into the embedded store, and a new process
 /// (`clinstream search`) reopens it and finds the relevant note, with its payload, by query and by filters.
 #[test]

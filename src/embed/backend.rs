@@ -64,6 +64,9 @@ impl Backend {
             move |e: ort::Error<ort::session::builder::SessionBuilder>| format!("{what}: {e}")
         };
         let mut builder = Session::builder(env).map_err(|e| format!("could not create a session builder: {e}"))?;
+        // Batch shapes vary with every batch (inputs × longest sequence); ONNX Runtime's memory patterns are planned
+        // and cached per input shape, so with them on a long run's memory grows with every new shape it meets.
+        builder = builder.with_memory_pattern(false).map_err(err("disabling memory patterns"))?;
         if o.intra_threads > 0 {
             builder = builder.with_intra_threads(o.intra_threads).map_err(err("embed.intra_threads"))?;
         }

@@ -1,9 +1,15 @@
 //! The embedded store: Qdrant's engine in-process (`qdrant-edge`), one shard in a directory (`store.path`).
 //! Its calls block, so each runs on the blocking pool. An update returns once it is in the shard's WAL and
 //! applied (the same guarantee as a server's `wait=true`); `flush` persists the segments (at shutdown).
+//!
+//! The engine runs no optimizers of its own (a server does, in the background): every `store.maintain_every`
+//! points written or deleted, one background task flushes the segments (so the WAL is acknowledged and stops
+//! growing) and runs the optimizers — vacuum of replaced and deleted points, merges, the HNSW index — while
+//! updates go on. Without it, a long run grows without bound even when it rewrites the same points.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use qdrant_edge::{
@@ -21,6 +27,11 @@ use crate::telemetry::metrics::metrics;
 pub struct EmbeddedStore {
     shard: Arc<EdgeShard>,
     batch: usize,
+    maintain_every: u64,
+    /// Points written or deleted since the last maintenance started.
+    since_maintenance: Arc<AtomicU64>,
+    /// True while a maintenance task runs (at most one at a time).
+    maintaining: Arc<AtomicBool>,
 }
 
 fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ {
@@ -83,7 +94,45 @@ impl EmbeddedStore {
             }
             shard
         };
-        Ok(EmbeddedStore { shard: Arc::new(shard), batch: s.upsert_batch })
+        Ok(EmbeddedStore {
+            shard: Arc::new(shard),
+            batch: s.upsert_batch,
+            maintain_every: s.maintain_every,
+            since_maintenance: Arc::new(AtomicU64::new(0)),
+            maintaining: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Counts `n` points written or deleted; past `store.maintain_every`, starts a maintenance task unless one runs.
+    fn note_updates(&self, n: u64) {
+        if self.maintain_every == 0 || self.since_maintenance.fetch_add(n, Ordering::SeqCst) + n < self.maintain_every {
+            return;
+        }
+        if self.maintaining.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.since_maintenance.store(0, Ordering::SeqCst);
+        let (shard, running) = (self.shard.clone(), self.maintaining.clone());
+        tokio::task::spawn_blocking(move || {
+            let clock = Instant::now();
+            match shard.flush().and_then(|()| shard.optimize()) {
+                Ok(optimized) => tracing::debug!(
+                    optimized,
+                    took_ms = clock.elapsed().as_millis() as u64,
+                    "Embedded store flushed and optimised."
+                ),
+                Err(e) => tracing::warn!(error = %e, "Embedded store maintenance failed; it is tried again later."),
+            }
+            metrics().store_maintenance_duration.observe(clock.elapsed().as_secs_f64());
+            running.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Waits for a running maintenance task (tests, and before a final flush).
+    pub async fn maintenance_idle(&self) {
+        while self.maintaining.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     async fn blocking<T: Send + 'static>(
@@ -98,50 +147,62 @@ impl EmbeddedStore {
 
     pub async fn upsert(&self, points: Vec<Point>) -> Result<(), StoreError> {
         let batch = self.batch;
-        self.blocking(move |shard| {
-            let mut points = points;
-            while !points.is_empty() {
-                let rest = points.split_off(batch.min(points.len()));
-                let n = points.len();
-                let list = points
-                    .into_iter()
-                    .map(|p| {
-                        let sparse = qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values)
-                            .map_err(fatal("sparse vector"))?;
-                        let vectors = Vectors::new_named([
-                            (DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)),
-                            (SPARSE.to_string(), sparse),
-                        ]);
-                        Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)).0)
-                    })
-                    .collect::<Result<Vec<_>, StoreError>>()?;
-                let clock = Instant::now();
-                shard
-                    .update(UpdateOperation::PointOperation(PointOperations::UpsertPoints(
-                        PointInsertOperations::PointsList(list),
-                    )))
-                    .map_err(fatal("upsert failed"))?;
-                let m = metrics();
-                m.store_upsert_duration.with_label_values(&["embedded"]).observe(clock.elapsed().as_secs_f64());
-                m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
-                points = rest;
-            }
-            Ok(())
-        })
-        .await
+        let n = points.len() as u64;
+        let result = self
+            .blocking(move |shard| {
+                let mut points = points;
+                while !points.is_empty() {
+                    let rest = points.split_off(batch.min(points.len()));
+                    let n = points.len();
+                    let list = points
+                        .into_iter()
+                        .map(|p| {
+                            let sparse = qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values)
+                                .map_err(fatal("sparse vector"))?;
+                            let vectors = Vectors::new_named([
+                                (DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)),
+                                (SPARSE.to_string(), sparse),
+                            ]);
+                            Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)).0)
+                        })
+                        .collect::<Result<Vec<_>, StoreError>>()?;
+                    let clock = Instant::now();
+                    shard
+                        .update(UpdateOperation::PointOperation(PointOperations::UpsertPoints(
+                            PointInsertOperations::PointsList(list),
+                        )))
+                        .map_err(fatal("upsert failed"))?;
+                    let m = metrics();
+                    m.store_upsert_duration.with_label_values(&["embedded"]).observe(clock.elapsed().as_secs_f64());
+                    m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
+                    points = rest;
+                }
+                Ok(())
+            })
+            .await;
+        if result.is_ok() {
+            self.note_updates(n);
+        }
+        result
     }
 
     pub async fn delete_document(&self, doc_id: &str, keep_version: Option<&str>) -> Result<(), StoreError> {
         let filter: Filter = serde_json::from_value(super::document_filter(doc_id, keep_version))
             .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
-        self.blocking(move |shard| {
-            shard
-                .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
-                .map_err(fatal("delete failed"))?;
-            metrics().store_points.with_label_values(&["deleted_documents"]).inc();
-            Ok(())
-        })
-        .await
+        let result = self
+            .blocking(move |shard| {
+                shard
+                    .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
+                    .map_err(fatal("delete failed"))?;
+                metrics().store_points.with_label_values(&["deleted_documents"]).inc();
+                Ok(())
+            })
+            .await;
+        if result.is_ok() {
+            // The points a filter removes are not counted; a deletion counts as one update.
+            self.note_updates(1);
+        }
+        result
     }
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
@@ -199,6 +260,7 @@ impl EmbeddedStore {
     }
 
     pub async fn flush(&self) -> Result<(), StoreError> {
+        self.maintenance_idle().await;
         self.blocking(|shard| shard.flush().map_err(fatal("flush failed"))).await
     }
 }

@@ -170,6 +170,13 @@ impl Store {
         }
     }
 
+    /// Waits until no background maintenance runs (embedded; a server optimises on its own).
+    pub async fn maintenance_idle(&self) {
+        if let Store::Embedded(s) = self {
+            s.maintenance_idle().await;
+        }
+    }
+
     /// Makes everything written so far durable (embedded: segments flushed; server: nothing to do).
     pub async fn flush(&self) -> Result<(), StoreError> {
         match self {

@@ -41,6 +41,7 @@ pub const NAMES: &[&str] = &[
     STORE_POINTS,
     STORE_RETRIES,
     CHUNKS_PER_DOCUMENT,
+    STORE_MAINTENANCE_DURATION,
 ];
 
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
@@ -70,6 +71,7 @@ pub const STORE_UPSERT_DURATION: &str = "clinstream_qdrant_upsert_duration_secon
 pub const STORE_POINTS: &str = "clinstream_qdrant_points_total";
 pub const STORE_RETRIES: &str = "clinstream_qdrant_retries_total";
 pub const CHUNKS_PER_DOCUMENT: &str = "clinstream_chunks_per_document";
+pub const STORE_MAINTENANCE_DURATION: &str = "clinstream_qdrant_maintenance_duration_seconds";
 
 pub struct Metrics {
     registry: Registry,
@@ -120,6 +122,8 @@ pub struct Metrics {
     /// Transient store failures retried.
     pub store_retries: IntCounter,
     pub chunks_per_document: Histogram,
+    /// Embedded store: one background flush + optimisation (`store.maintain_every`).
+    pub store_maintenance_duration: Histogram,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -294,6 +298,17 @@ impl Metrics {
                 Histogram::with_opts(
                     HistogramOpts::new(CHUNKS_PER_DOCUMENT, "Chunks indexed per document.")
                         .buckets(vec![0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+                )
+                .unwrap(),
+            ),
+            store_maintenance_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        STORE_MAINTENANCE_DURATION,
+                        "Embedded store: one background flush and optimisation (vacuum, merge, index).",
+                    )
+                    .buckets(vec![0.01, 0.05, 0.25, 1.0, 5.0, 25.0, 120.0]),
                 )
                 .unwrap(),
             ),
