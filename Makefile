@@ -98,7 +98,7 @@ RSS_SECONDS ?= 300
 bench-rss: model build
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
 	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS) none
-	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS) seos
+	python3 bench/rss.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(RSS_SECONDS) seos 100
 
 # Rebuild the compiled vocabularies in data/ from the open sources.
 vocab:

@@ -17,12 +17,16 @@ import base64, csv, json, os, socket, subprocess, sys, tempfile, threading, time
 csv.field_size_limit(1 << 30)
 
 
-def rss_mb(pid):
+def status_mb(pid, field):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_mb(pid):
+    return status_mb(pid, "VmRSS")
 
 
 def main():
@@ -70,10 +74,13 @@ def main():
         total = lambda prefix: int(sum(float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(prefix)))
         return total("clinstream_documents_finished_total"), total('clinstream_qdrant_points_total{operation="upserted"}')
 
-    samples, counts = [], []
+    samples, counts, split = [], [], []
     start = time.time()
     while time.time() - start < duration:
         samples.append((time.time() - start, rss_mb(proc.pid)))
+        # Anonymous memory (heap: the worker's own allocations) apart from file-backed pages (the store's
+        # memory-mapped WAL and segments, which the kernel can drop and re-read).
+        split.append((status_mb(proc.pid, "RssAnon"), status_mb(proc.pid, "RssFile")))
         counts.append(progress())
         time.sleep(5)
     documents, points = counts[-1]
@@ -95,7 +102,10 @@ def main():
                "rss_mb_peak": round(max(r for _, r in samples), 1), "slope_mb_per_min": round(slope, 2),
                "growth_after_warmup_mb": round(growth, 1), "points_after_warmup": points_after_warmup,
                "growth_mb_per_1k_points": round(growth / points_after_warmup * 1000, 2) if points_after_warmup else None,
-               "series": [[round(t), round(r, 1)] for t, r in samples]}, sys.stdout)
+               "anon_mb_after_warmup": round(split[warm][0], 1), "anon_mb_last": round(split[-1][0], 1),
+               "file_mb_after_warmup": round(split[warm][1], 1), "file_mb_last": round(split[-1][1], 1),
+               "series": [[round(t), round(r, 1), round(a, 1), round(f, 1)] for (t, r), (a, f) in zip(samples, split)]},
+              sys.stdout)
     print()
 
 

@@ -36,9 +36,9 @@ if [ "${E2E_NOTES:-300}" != 0 ]; then
 fi
 echo '{}' > "$WORK/rss.json"
 if [ "${RSS_SECONDS:-300}" != 0 ]; then
-  echo "RSS over ${RSS_SECONDS:-300} s, text-only then with SEOS indexing into the embedded store..." >&2
+  echo "RSS over ${RSS_SECONDS:-300} s, text-only then with SEOS indexing (100 notes rewritten) into the embedded store..." >&2
   python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" none > "$WORK/rss-none.json"
-  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" seos > "$WORK/rss-seos.json"
+  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" seos 100 > "$WORK/rss-seos.json"
   python3 -c 'import json,sys; print(json.dumps({"text_only": json.load(open(sys.argv[1])), "indexing": json.load(open(sys.argv[2]))}))' \
     "$WORK/rss-none.json" "$WORK/rss-seos.json" > "$WORK/rss.json"
 fi
@@ -89,6 +89,8 @@ for run in k.get("runs", []):
           f"({run['notes']} notes in {run['seconds_to_committed']:.1f} s); bottleneck stage: {run['bottleneck']}")
 for mode, x in r.items():
     print(f"RSS {mode}: {x['rss_mb_after_warmup']:.0f} MB after warm-up -> {x['rss_mb_last']:.0f} MB after {x['duration_s']:.0f} s "
-          f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; {x['documents']} documents, {x['points']} points)")
+          f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; heap {x['anon_mb_after_warmup']:.0f} -> "
+          f"{x['anon_mb_last']:.0f} MB, file-backed {x['file_mb_after_warmup']:.0f} -> {x['file_mb_last']:.0f} MB; "
+          f"{x['documents']} documents, {x['points']} points)")
 print(f"wrote {path}")
 PY
