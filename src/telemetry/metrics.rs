@@ -44,6 +44,10 @@ pub const NAMES: &[&str] = &[
     STORE_MAINTENANCE_DURATION,
 ];
 
+/// Series that exist only per assigned Kafka partition (none in file mode, none before an assignment);
+/// `tests/kafka.rs` reads them back from a Kafka-mode worker.
+pub const PER_PARTITION: &[&str] = &[CONSUMER_LAG, KAFKA_COMMITTED_OFFSET];
+
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
 pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
 pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
