@@ -3,9 +3,9 @@
 //! applied (the same guarantee as a server's `wait=true`); `flush` persists the segments (at shutdown).
 //!
 //! The engine runs no optimizers of its own (a server does, in the background): every `store.maintain_every`
-//! points written or deleted, one background task flushes the segments (so the WAL is acknowledged and stops
-//! growing) and runs the optimizers — vacuum of replaced and deleted points, merges, the HNSW index — while
-//! updates go on. Without it, a long run grows without bound even when it rewrites the same points.
+//! points written or deleted, one background task flushes the segments (so closed WAL segments are released) and
+//! runs the optimizers — vacuum of replaced and deleted points, merges, the HNSW index — while updates go on.
+//! Without it a long run's memory grows with every rewrite, even of the same points (docs/benchmarks.md, memory).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub struct EmbeddedStore {
     batch: usize,
     maintain_every: u64,
     /// Points written or deleted since the last maintenance started.
-    since_maintenance: Arc<AtomicU64>,
+    since_maintenance: AtomicU64,
     /// True while a maintenance task runs (at most one at a time).
     maintaining: Arc<AtomicBool>,
 }
@@ -98,7 +98,7 @@ impl EmbeddedStore {
             shard: Arc::new(shard),
             batch: s.upsert_batch,
             maintain_every: s.maintain_every,
-            since_maintenance: Arc::new(AtomicU64::new(0)),
+            since_maintenance: AtomicU64::new(0),
             maintaining: Arc::new(AtomicBool::new(false)),
         })
     }
