@@ -274,9 +274,17 @@ impl Output {
             self.commit_transaction(consumer, &tpl).await?;
         } else {
             self.await_deliveries().await?;
-            if batch.is_empty() || !self.commit_offsets(consumer, &tpl).await? {
-                // Nothing to commit, or the group refused it (a rebalance): nothing is recorded as committed, so a
-                // re-assigned partition's re-processed documents are committed again.
+            if batch.is_empty() {
+                return Ok(());
+            }
+            if !self.commit_offsets(consumer, &tpl).await? {
+                // The group refused it (a rebalance). Nothing is recorded as committed, and the watermarks go back:
+                // a partition that stays ours is committed at the next tick even when no further document arrives
+                // on it (its documents are finished, so committing them is safe); one that moved is dropped then.
+                for (tp, offset) in batch {
+                    let w = watermarks.entry(tp).or_insert(offset);
+                    *w = (*w).max(offset);
+                }
                 return Ok(());
             }
         }
