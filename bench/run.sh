@@ -49,8 +49,8 @@ work = sys.argv[1]
 c = json.load(open(f"{work}/clinstream.json"))
 m = json.load(open(f"{work}/medspacy.json"))
 e = json.load(open(f"{work}/embed.json"))
-k = json.load(open(f"{work}/e2e.json"))
-r = json.load(open(f"{work}/rss.json"))
+e2e = json.load(open(f"{work}/e2e.json"))
+rss = json.load(open(f"{work}/rss.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -61,8 +61,8 @@ result = {
     "clinstream": c,
     "medspacy": m,
     "embedding": e,
-    "kafka_e2e": k,
-    "rss": r,
+    "kafka_e2e": e2e,
+    "rss": rss,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -84,10 +84,10 @@ for b in c["clear_budget"]:
     print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
 print(f"embedding ({e['model']}, {e['provider']}, {e['notes']} notes, {e['inputs']} sentence groups, {e['tokens']} tokens): "
       f"worker {e['worker_tokens_per_s']:.0f} tokens/s, bare ORT loop {e['bare_tokens_per_s']:.0f} tokens/s, ratio {e['ratio']:.3f}")
-for run in k.get("runs", []):
+for run in e2e.get("runs", []):
     print(f"end to end, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to committed outputs "
           f"({run['notes']} notes in {run['seconds_to_committed']:.1f} s); bottleneck stage: {run['bottleneck']}")
-for mode, x in r.items():
+for mode, x in rss.items():
     print(f"RSS {mode}: {x['rss_mb_after_warmup']:.0f} MB after warm-up -> {x['rss_mb_last']:.0f} MB after {x['duration_s']:.0f} s "
           f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; heap {x['anon_mb_after_warmup']:.0f} -> "
           f"{x['anon_mb_last']:.0f} MB, file-backed {x['file_mb_after_warmup']:.0f} -> {x['file_mb_last']:.0f} MB; "
