@@ -25,7 +25,7 @@ help:
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
 	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
 	@echo "make bench  all benchmarks on MTSamples (SHARED): text vs medSpaCy, embedding, Kafka e2e, RSS; bench/results/"
-	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes"
+	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes, text-only and indexing"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"

@@ -80,6 +80,8 @@ for run, r in m["runs"].items():
 print(f"clinstream target mentions: {c['target_mentions']}")
 print("CLEAR context tokens (largest variable per note) by note length:")
 for b in c["clear_budget"]:
+    if not b["notes"]:
+        continue
     to = b["words_to"] or "+"
     print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
 print(f"embedding ({e['model']}, {e['provider']}, {e['notes']} notes, {e['inputs']} sentence groups, {e['tokens']} tokens): "
