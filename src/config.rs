@@ -487,7 +487,7 @@ impl Settings {
         }
         let registry = &k.schema_registry;
         if !registry.url.is_empty() {
-            if let Err(e) = crate::kafka::registry::SchemaRegistry::new(registry) {
+            if let Err(e) = crate::kafka::registry::Endpoint::parse(&registry.url) {
                 problems.push(e.to_string());
             }
             if registry.timeout_ms == 0 {

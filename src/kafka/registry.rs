@@ -69,33 +69,20 @@ struct ErrorBody {
     message: String,
 }
 
-/// A registry endpoint (cheap to clone).
-#[derive(Clone)]
-pub struct SchemaRegistry {
-    scheme_https: bool,
+/// The parts of `kafka.schema_registry.url` (parsing only: configuration validation uses it without touching the
+/// certificate store).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    https: bool,
     host: String,
     port: u16,
     /// Path prefix without a trailing slash (a registry behind a proxy path).
     prefix: String,
-    authorization: Option<String>,
-    timeout: Duration,
-    tls: Option<tokio_rustls::TlsConnector>,
 }
 
-impl std::fmt::Debug for SchemaRegistry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SchemaRegistry")
-            .field("https", &self.scheme_https)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SchemaRegistry {
-    pub fn new(settings: &SchemaRegistrySettings) -> Result<Self, RegistryError> {
-        let uri: Uri = settings
-            .url
+impl Endpoint {
+    pub fn parse(url: &str) -> Result<Endpoint, RegistryError> {
+        let uri: Uri = url
             .trim_end_matches('/')
             .parse()
             .map_err(|e| RegistryError::Config(format!("kafka.schema_registry.url is not a URL: {e}")))?;
@@ -115,22 +102,39 @@ impl SchemaRegistry {
                 "put registry credentials in kafka.schema_registry.username/password, not in the URL".into(),
             ));
         }
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
-        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        Ok(Endpoint {
+            https,
+            host: authority.host().trim_start_matches('[').trim_end_matches(']').to_string(),
+            port: authority.port_u16().unwrap_or(if https { 443 } else { 80 }),
+            prefix: uri.path().trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// A registry endpoint (cheap to clone).
+#[derive(Clone)]
+pub struct SchemaRegistry {
+    endpoint: Endpoint,
+    authorization: Option<String>,
+    timeout: Duration,
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl std::fmt::Debug for SchemaRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchemaRegistry").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
+}
+
+impl SchemaRegistry {
+    pub fn new(settings: &SchemaRegistrySettings) -> Result<Self, RegistryError> {
+        let endpoint = Endpoint::parse(&settings.url)?;
         let authorization = (!settings.username.is_empty()).then(|| {
             let pair = format!("{}:{}", settings.username, settings.password.expose());
             format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
         });
-        let tls = if https { Some(tls_connector()?) } else { None };
-        Ok(Self {
-            scheme_https: https,
-            host,
-            port,
-            prefix: uri.path().trim_end_matches('/').to_string(),
-            authorization,
-            timeout: Duration::from_millis(settings.timeout_ms),
-            tls,
-        })
+        let tls = if endpoint.https { Some(tls_connector()?) } else { None };
+        Ok(Self { endpoint, authorization, timeout: Duration::from_millis(settings.timeout_ms), tls })
     }
 
     /// Registers `schema` (Avro JSON) under `subject` and returns its id; an identical schema already registered
@@ -161,16 +165,20 @@ impl SchemaRegistry {
 
     async fn exchange(&self, method: &str, path: &str, body: Option<String>) -> Result<Bytes, RegistryError> {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| RegistryError::Unavailable(format!("{what}: {e}"));
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await.map_err(|e| unavailable("connect", &e))?;
+        let tcp = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port))
+            .await
+            .map_err(|e| unavailable("connect", &e))?;
         let _ = tcp.set_nodelay(true);
-        let host_header = if (self.scheme_https && self.port == 443) || (!self.scheme_https && self.port == 80) {
-            self.host.clone()
+        let host_header = if (self.endpoint.https && self.endpoint.port == 443)
+            || (!self.endpoint.https && self.endpoint.port == 80)
+        {
+            self.endpoint.host.clone()
         } else {
-            format!("{}:{}", self.host, self.port)
+            format!("{}:{}", self.endpoint.host, self.endpoint.port)
         };
         let mut request = Request::builder()
             .method(method)
-            .uri(format!("{}{}", self.prefix, path))
+            .uri(format!("{}{}", self.endpoint.prefix, path))
             .header("host", host_header)
             .header("accept", CONTENT_TYPE)
             .header("user-agent", concat!("clinstream/", env!("CARGO_PKG_VERSION")));
@@ -185,7 +193,7 @@ impl SchemaRegistry {
             .map_err(|e| RegistryError::Config(format!("request: {e}")))?;
         let response = match &self.tls {
             Some(tls) => {
-                let name = rustls::pki_types::ServerName::try_from(self.host.clone())
+                let name = rustls::pki_types::ServerName::try_from(self.endpoint.host.clone())
                     .map_err(|e| RegistryError::Config(format!("registry host name: {e}")))?;
                 let stream = tls.connect(name, tcp).await.map_err(|e| unavailable("TLS handshake", &e))?;
                 send(TokioIo::new(stream), request).await?
@@ -311,9 +319,12 @@ mod tests {
         let e = SchemaRegistry::new(&settings("http://user:pw@r:8081")).unwrap_err().to_string();
         assert!(!e.contains("pw"), "{e}");
         let r = SchemaRegistry::new(&settings("http://registry.example:8081/sr/")).unwrap();
-        assert_eq!((r.host.as_str(), r.port, r.prefix.as_str()), ("registry.example", 8081, "/sr"));
+        assert_eq!(
+            (r.endpoint.host.as_str(), r.endpoint.port, r.endpoint.prefix.as_str()),
+            ("registry.example", 8081, "/sr")
+        );
         let r = SchemaRegistry::new(&settings("http://registry.example")).unwrap();
-        assert_eq!((r.port, r.prefix.as_str()), (80, ""));
+        assert_eq!((r.endpoint.port, r.endpoint.prefix.as_str()), (80, ""));
     }
 
     #[test]
