@@ -156,6 +156,58 @@ impl DocError {
     }
 }
 
+/// The input could not be read. Halts the run (see `ErrorCode::SourceIo`).
+#[derive(Debug, thiserror::Error)]
+#[error("could not read {path}: {source}")]
+pub struct SourceError {
+    pub path: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// An output could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("could not write {what}: {source}")]
+pub struct SinkError {
+    pub what: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A run that had to stop. Every variant has a code (`code()`), which `main` prints and the exit status follows;
+/// messages are PHI-free.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("invalid configuration:\n{0}")]
+    Config(String),
+    #[error("could not listen on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+    /// A failure that stops the worker without committing: Kafka (delivery, commit, dead-letter limit,
+    /// registry), the embedder or the vector store.
+    #[error("{code}: {detail}")]
+    Halt { code: ErrorCode, detail: String },
+}
+
+impl RunError {
+    pub fn halt(code: ErrorCode, detail: impl Into<String>) -> Self {
+        RunError::Halt { code, detail: detail.into() }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RunError::Source(_) => ErrorCode::SourceIo,
+            RunError::Sink(_) => ErrorCode::SinkIo,
+            RunError::Config(_) => ErrorCode::ConfigInvalid,
+            RunError::Listen { .. } => ErrorCode::ListenFailed,
+            RunError::Halt { code, .. } => *code,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

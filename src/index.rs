@@ -14,16 +14,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qdrant_edge::bm25_embed::{EdgeBm25, EdgeBm25Config};
+use qdrant_edge::bm25_embed::EdgeBm25;
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
+use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::embed::{EmbedError, Embedder};
 use crate::error::{DocError, ErrorCode, Stage};
 use crate::model::Document;
 use crate::stages::chunk::{self, ChunkParams, ChunkStrategy, Planned, Unit};
-use crate::store::{self, Point, Sparse, Store, StoreError};
+use crate::store::{self, Point, Store, StoreError, bm25};
+use crate::telemetry::health;
 use crate::telemetry::metrics::metrics;
 
 /// The embedder, the store, and how to chunk.
@@ -56,40 +58,44 @@ pub struct Chunk {
     pub tokens: usize,
 }
 
-/// The BM25 encoder shared by indexing and search (Qdrant's own tokenizer, stemmer and stopwords).
-pub fn bm25(avg_len: f64) -> Result<EdgeBm25, String> {
-    let avg_len = qdrant_edge::external::ordered_float::NotNan::new(avg_len).map_err(|e| e.to_string())?;
-    let config = EdgeBm25Config { avg_len, ..Default::default() };
-    EdgeBm25::new(config).map_err(|e| format!("BM25: {e}"))
+/// The indexer could not start: the model, the store, or settings that do not fit the model.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("embedding model: {0}")]
+    Embed(#[from] EmbedError),
+    #[error("vector store: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Config(String),
 }
 
-pub fn sparse_document(bm25: &EdgeBm25, text: &str) -> Sparse {
-    let v = bm25.embed_document(text);
-    Sparse { indices: v.indices, values: v.values }
-}
-
-pub fn sparse_query(bm25: &EdgeBm25, text: &str) -> Sparse {
-    let v = bm25.embed_query(text);
-    Sparse { indices: v.indices, values: v.values }
+impl StartError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StartError::Embed(e) => e.code(),
+            StartError::Store(e) => e.code(),
+            StartError::Config(_) => ErrorCode::ConfigInvalid,
+        }
+    }
 }
 
 impl Indexer {
     /// Loads the model (blocking, on the blocking pool) and opens the store with the model's dimension.
-    pub async fn start(settings: &Settings, compiled: Arc<crate::stages::Compiled>) -> Result<Indexer, String> {
-        let embedder = Embedder::start_async(&settings.embed).await.map_err(|e| format!("embedding model: {e}"))?;
+    pub async fn start(settings: &Settings, compiled: Arc<crate::stages::Compiled>) -> Result<Indexer, StartError> {
+        let embedder = Embedder::start_async(&settings.embed).await?;
         let info = embedder.info().clone();
         let c = &settings.chunking;
         if c.chunk_tokens + info.special_tokens > info.max_tokens {
-            return Err(format!(
+            return Err(StartError::Config(format!(
                 "chunking.chunk_tokens ({}) + {} special tokens exceeds the model's {} tokens",
                 c.chunk_tokens, info.special_tokens, info.max_tokens
-            ));
+            )));
         }
-        let store = Store::open(&settings.store, info.dim).await.map_err(|e| format!("vector store: {e}"))?;
+        let store = Store::open(&settings.store, info.dim).await?;
         Ok(Indexer {
             embedder,
             store: Arc::new(store),
-            bm25: bm25(settings.store.bm25_avg_len)?,
+            bm25: bm25::encoder(settings.store.bm25_avg_len)?,
             params: ChunkParams {
                 strategy: if c.strategy == "fixed" { ChunkStrategy::Fixed } else { ChunkStrategy::Seos },
                 budget: c.chunk_tokens,
@@ -192,7 +198,7 @@ impl Indexer {
     /// Indexes one document; returns the number of chunks written.
     pub async fn index(&self, doc: &Document) -> Result<usize, DocError> {
         let note = &doc.note;
-        let embed_err = |e: EmbedError| DocError::new(ErrorCode::EmbedFailed, Stage::Index, e.0);
+        let embed_err = |e: EmbedError| DocError::new(e.code(), Stage::Index, e.to_string());
         if note.entered_in_error {
             self.retrying(|| self.store.delete_document(&note.doc_id, None)).await?;
             return Ok(0);
@@ -210,7 +216,7 @@ impl Indexer {
             .zip(vectors)
             .map(|(c, dense)| Point {
                 id: ids[c.index],
-                sparse: sparse_document(&self.bm25, &note.text[c.start..c.end]),
+                sparse: bm25::sparse_document(&self.bm25, &note.text[c.start..c.end]),
                 payload: self.payload(doc, c, &ids, &version),
                 dense,
             })
@@ -287,7 +293,7 @@ impl Indexer {
         p.insert("entities".into(), entities.into());
         p.insert("vocabulary_version".into(), lexicon.version().into());
         p.insert("model".into(), info.name.clone().into());
-        p.insert("worker_version".into(), crate::sink::records::WORKER_VERSION.into());
+        p.insert("worker_version".into(), crate::WORKER_VERSION.into());
         p
     }
 
@@ -297,24 +303,21 @@ impl Indexer {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), StoreError>>,
     {
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), self.halt_after);
         loop {
             let result = op().await;
-            crate::health::set_store_reachable(!result.as_ref().is_err_and(|e| e.transient));
+            health::set_store_reachable(!result.as_ref().is_err_and(|e| e.is_transient()));
             match result {
                 Ok(()) => return Ok(()),
-                Err(e) if e.transient && started.elapsed() < self.halt_after => {
-                    metrics().store_retries.inc();
-                    let wait = e.retry_after.unwrap_or(delay).min(self.halt_after.saturating_sub(started.elapsed()));
-                    warn!(error = %e.message, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
-                    tokio::time::sleep(wait).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(e) if e.transient => {
-                    return Err(DocError::new(ErrorCode::StoreUnavailable, Stage::Index, e.message));
-                }
-                Err(e) => return Err(DocError::new(ErrorCode::StoreFailed, Stage::Index, e.message)),
+                Err(e) if e.is_transient() => match backoff.failed_with(e.retry_after()) {
+                    Some(wait) => {
+                        metrics().store_retries.inc();
+                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => return Err(DocError::new(ErrorCode::StoreUnavailable, Stage::Index, e.to_string())),
+                },
+                Err(e) => return Err(DocError::new(ErrorCode::StoreFailed, Stage::Index, e.to_string())),
             }
         }
     }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::stages::kg::{Edge, Evidence, KgDelta, Node, Op};
+use crate::model::kg::{Edge, Evidence, KgDelta, Node, Op};
 
 /// Per supporting document: its confidence and evidence for an edge.
 type Support = BTreeMap<String, (f64, Vec<Evidence>)>;

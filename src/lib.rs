@@ -1,42 +1,54 @@
 //! clinstream: a worker that turns a stream of clinical notes (FHIR R4 `DocumentReference`) into structured,
-//! searchable data. See docs/architecture.md for the data flow.
+//! searchable data. See docs/architecture.md for the data flow and the layer order.
 //!
-//! Module map:
-//! * `app` — wiring: source → stages → sinks, backpressure, shutdown, the run summary.
-//! * `bench` — benchmark helpers (`clinstream bench text`).
-//! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction.
-//! * `error` — every error code with its disposition (dead-letter / retry / halt).
-//! * `embed` — the embedder: one ONNX Runtime model thread, batching across documents, a clonable handle.
-//! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
-//! * `store` — the vector store: Qdrant in-process (`qdrant-edge`) or a server (`qdrant-client`), same points.
-//! * `eval` — evaluation commands over labelled sets (negex, openi, sdoh).
-//! * `health` — `/metrics`, `/healthz`, `/readyz` on `metrics.addr`.
-//! * `kg` — the reference consumer of the knowledge-graph stream (materialize to JSON / GraphML).
+//! Module map, lowest layer first (a module imports only from modules above it in this list; `tests/layers.rs`
+//! checks it):
+//! * `config` — typed settings: defaults → file → `CLINSTREAM__*` env; validation; secret redaction. Imports
+//!   nothing from the crate.
+//! * `error` — every error code with its disposition (dead-letter / retry / halt), and the typed errors of a run.
+//! * `backoff` — the one capped exponential backoff (Kafka, Schema Registry, the store).
+//! * `telemetry` — logging (PHI-free, structured), every metric name, the process's health flags.
+//! * `model` — domain types: the FHIR subset, `Note`, `Section`, `Sentence`, mentions and assertions, variable
+//!   results, knowledge-graph deltas, `Document`, `Origin`, `DeadLetter`.
 //! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
-//! * `model` — the FHIR subset (serde) and internal types (`Note`, `Section`, `Sentence`, `Document`).
-//! * `stages` — pure synchronous stages: decode, attachment, html, rtf, sections, sentences, mentions,
-//!   assertion, clear (variables), kg (graph deltas).
-//! * `source` — event sources (`file`: NDJSON, Bundles, Bulk FHIR, stdin).
-//! * `sink` — outputs (`file`: notes.ndjson, dead_letters.ndjson) and their record types.
-//! * `telemetry` — logging (PHI-free, structured) and every metric name (`telemetry::metrics`).
-//! * `docs` — tables generated from the code for docs/.
+//! * `stages` — pure synchronous stages: decode, attachment, charset, html, rtf, sections, sentences, mentions,
+//!   assertion, clear (variables), kg (graph deltas), chunk planning.
+//! * `codec` — output encodings: Avro records (`avro`) and the NDJSON file records (`records`).
+//! * `embed` — the embedder: one ONNX Runtime model thread, batching across documents, a clonable handle.
+//! * `store` — the vector store: Qdrant in-process (`qdrant-edge`) or a server (`qdrant-client`), and BM25.
+//! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
+//! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
+//! * `source` — intakes: `file` (NDJSON, Bundles, Bulk FHIR, stdin) and `kafka` (consumer group).
+//! * `sink` — outputs: `file` (NDJSON files) and `kafka` (producer, dead letters, the commit step).
+//! * `ack` — the ack core: per-partition watermarks, assigned set, committed ledger, dead-letter guard.
+//! * `runner` — the one in-order runner: in-flight FIFO, completion at the front, drain, summary.
+//! * `http` — `/metrics`, `/healthz`, `/readyz` (axum).
+//! * `app` — wiring of file mode and Kafka mode.
+//! * `kg` — the reference consumer of the knowledge-graph stream (materialize to JSON / GraphML).
+//! * `eval` — evaluation over labelled sets (negex, openi, sdoh, kg-synthea).
+//! * `cli` — the command line: parsing, dispatch, and the tools (produce, search, bench, explain, kg).
 
+pub mod ack;
 pub mod app;
-pub mod bench;
+pub mod backoff;
+pub mod cli;
+pub mod codec;
 pub mod config;
-pub mod docs;
 pub mod embed;
 pub mod error;
 pub mod eval;
-pub mod health;
+pub mod http;
 pub mod index;
 pub mod kafka;
 pub mod kg;
 pub mod lexicon;
 pub mod model;
-pub mod search;
+pub mod runner;
 pub mod sink;
 pub mod source;
 pub mod stages;
 pub mod store;
 pub mod telemetry;
+
+/// The version of this worker, written into every output record and the build-info metric.
+pub const WORKER_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -9,7 +9,7 @@ fn doc(name: &str) -> String {
 
 #[test]
 fn errors_doc_holds_the_generated_table() {
-    let table = clinstream::docs::errors_table(true);
+    let table = clinstream::cli::docs::errors_table(true);
     assert!(doc("errors.md").contains(&table), "docs/errors.md is out of date: paste `clinstream errors --markdown`");
 }
 

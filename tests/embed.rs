@@ -98,13 +98,13 @@ fn a_missing_model_or_a_cuda_request_without_the_feature_fails_start_up_clearly(
     let mut missing = s.embed.clone();
     missing.model_dir = dir.path().join("nowhere").display().to_string();
     let e = Embedder::start(&missing).unwrap_err();
-    assert!(e.0.contains("make model"), "{e}");
+    assert!(e.to_string().contains("make model"), "{e}");
     s.embed.execution_provider = "cuda".into();
     let e = Embedder::start(&s.embed).unwrap_err();
     if cfg!(feature = "cuda") {
-        assert!(e.0.contains("CUDA"), "{e}");
+        assert!(e.to_string().contains("CUDA"), "{e}");
     } else {
-        assert!(e.0.contains("without the `cuda` feature"), "{e}");
+        assert!(e.to_string().contains("without the `cuda` feature"), "{e}");
     }
 }
 
@@ -152,10 +152,10 @@ async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error()
         let store = store.clone();
         let (text, patient, section) = (text.to_string(), patient.map(String::from), section.map(String::from));
         async move {
-            let bm25 = clinstream::index::bm25(120.0).unwrap();
+            let bm25 = clinstream::store::bm25::encoder(120.0).unwrap();
             let q = Query {
                 dense: embedder.embed(&[text.as_str()]).await.unwrap().remove(0),
-                sparse: clinstream::index::sparse_query(&bm25, &text),
+                sparse: clinstream::store::bm25::sparse_query(&bm25, &text),
                 patient,
                 section,
                 top: 3,

@@ -17,8 +17,8 @@ use common::http_get;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use clinstream::kafka::avro::{self, Encoder, Framing};
-use clinstream::kafka::output::headers;
+use clinstream::codec::avro::{self, Encoder, Framing};
+use clinstream::sink::kafka::headers;
 use kafka_support::*;
 use rdkafka::message::{Headers, Message};
 

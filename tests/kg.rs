@@ -11,7 +11,7 @@ use common::*;
 use serde_json::json;
 
 fn delta(p: &Pipeline, doc: serde_json::Value) -> KgDelta {
-    p.process(&bytes(&doc)).unwrap().kg.unwrap()
+    p.process(&bytes(&doc)).unwrap().kg
 }
 
 fn versioned(id: &str, version: &str, text: &str) -> serde_json::Value {

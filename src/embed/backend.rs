@@ -7,10 +7,12 @@ use std::sync::OnceLock;
 use ort::session::Session;
 use ort::value::Tensor;
 
-/// The process's ONNX Runtime environment: the library is loaded and the environment built once.
-static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+use super::EmbedError;
 
-fn environment(library: &str) -> Result<&'static ort::environment::Environment, String> {
+/// The process's ONNX Runtime environment: the library is loaded and the environment built once.
+static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, EmbedError>> = OnceLock::new();
+
+fn environment(library: &str) -> Result<&'static ort::environment::Environment, EmbedError> {
     let env = ENVIRONMENT.get_or_init(|| {
         let library = if library.is_empty() {
             std::env::var("ORT_DYLIB_PATH")
@@ -19,14 +21,14 @@ fn environment(library: &str) -> Result<&'static ort::environment::Environment, 
             library.to_string()
         };
         if !Path::new(&library).is_file() {
-            return Err(format!("ONNX Runtime library {library} does not exist (run `make model`)"));
+            return Err(format!("ONNX Runtime library {library} does not exist (run `make model`)").into());
         }
         let builder = ort::init_from(&library).map_err(|e| format!("could not load ONNX Runtime {library}: {e}"))?;
         builder
             .with_name("clinstream")
             .with_telemetry(false)
             .build()
-            .map_err(|e| format!("could not create the ONNX Runtime environment: {e}"))
+            .map_err(|e| EmbedError::Load(format!("could not create the ONNX Runtime environment: {e}")))
     });
     env.as_ref().map_err(Clone::clone)
 }
@@ -57,7 +59,7 @@ pub(crate) struct BackendOptions<'a> {
 }
 
 impl Backend {
-    pub fn load(o: &BackendOptions<'_>) -> Result<Backend, String> {
+    pub fn load(o: &BackendOptions<'_>) -> Result<Backend, EmbedError> {
         let env = environment(o.library)?;
         let err = |what: &str| {
             let what = what.to_string();
@@ -85,7 +87,8 @@ impl Backend {
                     let _ = o.cuda_device;
                     return Err("embed.execution_provider = cuda, but this binary was built without the `cuda` \
                                 feature (cargo build --features cuda)"
-                        .to_string());
+                        .to_string()
+                        .into());
                 }
             }
             _ => "cpu",
@@ -96,7 +99,7 @@ impl Backend {
         let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
         for required in ["input_ids", "attention_mask"] {
             if !names.contains(&required) {
-                return Err(format!("the model has no `{required}` input (inputs: {})", names.join(", ")));
+                return Err(format!("the model has no `{required}` input (inputs: {})", names.join(", ")).into());
             }
         }
         let token_types = names.contains(&"token_type_ids");
@@ -109,15 +112,19 @@ impl Backend {
             match outputs.iter().find(|(n, _)| n == o.output) {
                 Some((n, 2)) => Pooling::Output(n.clone()),
                 Some((n, 3)) => Pooling::Mean(n.clone()),
-                Some((n, r)) => return Err(format!("embed.output `{n}` has rank {r}; expected 2 or 3")),
-                None => return Err(format!("the model has no output `{}`", o.output)),
+                Some((n, r)) => return Err(format!("embed.output `{n}` has rank {r}; expected 2 or 3").into()),
+                None => return Err(format!("the model has no output `{}`", o.output).into()),
             }
         } else if outputs.iter().any(|(n, r)| n == "sentence_embedding" && *r == 2) {
             Pooling::Output("sentence_embedding".into())
         } else {
             match outputs.iter().find(|(_, r)| *r == 3) {
                 Some((n, _)) => Pooling::Mean(n.clone()),
-                None => return Err("the model has no [batch, seq, dim] or sentence_embedding output".to_string()),
+                None => {
+                    return Err(EmbedError::Load(
+                        "the model has no [batch, seq, dim] or sentence_embedding output".to_string(),
+                    ));
+                }
             }
         };
         Ok(Backend { session, token_types, pooling, provider })
@@ -125,7 +132,7 @@ impl Backend {
 
     /// Embeds one batch of token-id sequences (special tokens included): pads to the longest, masks the padding,
     /// pools and L2-normalises.
-    pub fn run(&mut self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, String> {
+    pub fn run(&mut self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let n = batch.len();
         let seq = batch.iter().map(|b| b.len()).max().unwrap_or(0).max(1);
         let mut ids = vec![0i64; n * seq];
@@ -137,18 +144,21 @@ impl Backend {
             }
         }
         let shape = [n as i64, seq as i64];
-        let tensor = |v: Vec<i64>| Tensor::from_array((shape, v)).map_err(|e| format!("input tensor: {e}"));
+        let tensor = |v: Vec<i64>| {
+            Tensor::from_array((shape, v)).map_err(|e| EmbedError::Inference(format!("input tensor: {e}")))
+        };
         let mut inputs = ort::inputs!["input_ids" => tensor(ids)?, "attention_mask" => tensor(mask.clone())?];
         if self.token_types {
             inputs.push(("token_type_ids".into(), tensor(vec![0i64; n * seq])?.into()));
         }
-        let outputs = self.session.run(inputs).map_err(|e| format!("inference failed: {e}"))?;
+        let outputs = self.session.run(inputs).map_err(|e| EmbedError::Inference(format!("inference failed: {e}")))?;
         let (name, mean) = match &self.pooling {
             Pooling::Output(name) => (name.as_str(), false),
             Pooling::Mean(name) => (name.as_str(), true),
         };
         let value = outputs.get(name).ok_or_else(|| format!("the model did not return `{name}`"))?;
-        let (shape, data) = value.try_extract_tensor::<f32>().map_err(|e| format!("output `{name}`: {e}"))?;
+        let (shape, data) =
+            value.try_extract_tensor::<f32>().map_err(|e| EmbedError::Inference(format!("output `{name}`: {e}")))?;
         let mut vectors = Vec::with_capacity(n);
         if mean {
             let (s, d) = (shape[1] as usize, shape[2] as usize);

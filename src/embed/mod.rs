@@ -24,10 +24,34 @@ use tracing::{debug, info};
 use crate::config::EmbedSettings;
 use crate::telemetry::metrics::metrics;
 
-/// The embedder failed; the worker cannot index (a Halt: nothing is committed past the document).
+/// The embedder failed; the worker cannot index (a Halt: nothing is committed past the document). Messages name
+/// files, settings and the runtime's status, never input text.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct EmbedError(pub String);
+pub enum EmbedError {
+    /// The runtime, model or tokenizer could not be loaded or set up.
+    #[error("{0}")]
+    Load(String),
+    /// Tokenizing or running the model failed.
+    #[error("{0}")]
+    Inference(String),
+    /// The model thread has stopped (the process is shutting down or the thread failed).
+    #[error("the model thread has stopped")]
+    Stopped,
+}
+
+impl EmbedError {
+    /// The error code a document or run gets when this error ends it.
+    pub fn code(&self) -> crate::error::ErrorCode {
+        crate::error::ErrorCode::EmbedFailed
+    }
+}
+
+impl From<String> for EmbedError {
+    /// Set-up failures are described where they happen; they are all `Load`.
+    fn from(why: String) -> Self {
+        EmbedError::Load(why)
+    }
+}
 
 /// What was loaded (for build info, the store's dimension check and payloads).
 #[derive(Debug, Clone, PartialEq)]
@@ -98,7 +122,7 @@ impl Embedder {
         let dir = Path::new(&s.model_dir);
         for p in [&model_path, &tokenizer_path] {
             if !p.is_file() {
-                return Err(EmbedError(format!(
+                return Err(EmbedError::Load(format!(
                     "{} does not exist (run `make model`, or set embed.model_dir)",
                     p.display()
                 )));
@@ -109,25 +133,26 @@ impl Embedder {
             n => n,
         };
         if s.batch_tokens < max_tokens {
-            return Err(EmbedError(format!(
+            return Err(EmbedError::Load(format!(
                 "embed.batch_tokens ({}) is smaller than the model's longest input ({max_tokens} tokens)",
                 s.batch_tokens
             )));
         }
         let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| EmbedError(format!("could not read {}: {e}", tokenizer_path.display())))?;
+            .map_err(|e| EmbedError::Load(format!("could not read {}: {e}", tokenizer_path.display())))?;
         tokenizer.with_padding(None);
         tokenizer
             .with_truncation(Some(tokenizers::TruncationParams { max_length: max_tokens, ..Default::default() }))
-            .map_err(|e| EmbedError(format!("tokenizer truncation: {e}")))?;
+            .map_err(|e| EmbedError::Load(format!("tokenizer truncation: {e}")))?;
         let special_tokens = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(false));
-        let mut model = backend::Backend::load(&backend_options(s, &model_path)).map_err(EmbedError)?;
+        let mut model = backend::Backend::load(&backend_options(s, &model_path))?;
         // Warm-up: one real batch at the longest length the model takes, which also gives the dimension.
-        let warm = tokenizer.encode("warm up ".repeat(max_tokens), true).map_err(|e| EmbedError(e.to_string()))?;
-        let probe = model.run(&[warm.get_ids()]).map_err(EmbedError)?;
+        let warm =
+            tokenizer.encode("warm up ".repeat(max_tokens), true).map_err(|e| EmbedError::Load(e.to_string()))?;
+        let probe = model.run(&[warm.get_ids()])?;
         let dim = probe.first().map_or(0, Vec::len);
         if dim == 0 {
-            return Err(EmbedError("the model returned an empty vector".to_string()));
+            return Err(EmbedError::Load("the model returned an empty vector".to_string()));
         }
         let name = dir
             .canonicalize()
@@ -144,7 +169,7 @@ impl Embedder {
         std::thread::Builder::new()
             .name("clinstream-embed".into())
             .spawn(move || model_thread(model, rx, batching))
-            .map_err(|e| EmbedError(format!("could not start the model thread: {e}")))?;
+            .map_err(|e| EmbedError::Load(format!("could not start the model thread: {e}")))?;
         info!(
             model = %info.name,
             dim = info.dim,
@@ -161,7 +186,7 @@ impl Embedder {
         let s = s.clone();
         tokio::task::spawn_blocking(move || Embedder::start(&s))
             .await
-            .map_err(|e| EmbedError(format!("embedder start-up failed: {e}")))?
+            .map_err(|e| EmbedError::Load(format!("embedder start-up failed: {e}")))?
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -189,7 +214,7 @@ impl Embedder {
                 self.tokenizer
                     .encode(*t, true)
                     .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| EmbedError(format!("tokenizer: {e}")))
+                    .map_err(|e| EmbedError::Inference(format!("tokenizer: {e}")))
             })
             .collect()
     }
@@ -200,11 +225,8 @@ impl Embedder {
             return Ok(Vec::new());
         }
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request { inputs, reply })
-            .await
-            .map_err(|_| EmbedError("the model thread has stopped".to_string()))?;
-        rx.await.map_err(|_| EmbedError("the model thread has stopped".to_string()))?
+        self.tx.send(Request { inputs, reply }).await.map_err(|_| EmbedError::Stopped)?;
+        rx.await.map_err(|_| EmbedError::Stopped)?
     }
 
     /// Tokenizes and embeds `texts`.
@@ -219,9 +241,9 @@ impl Embedder {
 /// tokens embedded and the time taken (after one warm-up run).
 pub fn bare_loop(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<(usize, Duration), EmbedError> {
     let (model_path, _) = model_files(&s.model_dir);
-    let mut model = backend::Backend::load(&backend_options(s, &model_path)).map_err(EmbedError)?;
+    let mut model = backend::Backend::load(&backend_options(s, &model_path))?;
     if let Some(first) = inputs.first() {
-        model.run(&[first.as_slice()]).map_err(EmbedError)?;
+        model.run(&[first.as_slice()])?;
     }
     let mut sorted: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
     sorted.sort_by_key(|b| std::cmp::Reverse(b.len()));
@@ -230,7 +252,7 @@ pub fn bare_loop(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<(usize, Durat
     let plan = plan_batches(&lengths, &b);
     let clock = Instant::now();
     for r in plan {
-        model.run(&sorted[r]).map_err(EmbedError)?;
+        model.run(&sorted[r])?;
     }
     Ok((lengths.iter().sum(), clock.elapsed()))
 }
@@ -365,7 +387,7 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
                 Err(e) => {
                     for item in batch {
                         if let Some(o) = open.remove(&item.request) {
-                            let _ = o.reply.send(Err(EmbedError(e.clone())));
+                            let _ = o.reply.send(Err(e.clone()));
                         }
                     }
                 }

@@ -76,7 +76,7 @@ pub fn run(pipeline: &Pipeline, dir: &Path) -> Result<KgSynthea, EvalError> {
     for doc in ndjson(&dir.join("DocumentReference.000.ndjson"))? {
         let Ok(d) = pipeline.process(doc.to_string().as_bytes()) else { continue };
         notes += 1;
-        let Some(delta) = d.kg else { continue };
+        let delta = d.kg;
         let keys: BTreeMap<&str, &str> = delta.nodes.iter().map(|n| (n.id.as_str(), n.key.as_str())).collect();
         let entry = graph.entry(delta.patient.clone()).or_default();
         for e in &delta.edges {

@@ -8,10 +8,11 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use tracing::{info, warn};
 
-use super::{Backoff, client_config};
-use crate::app::RunError;
+use super::client_config;
+use crate::backoff::Backoff;
 use crate::config::KafkaSettings;
 use crate::error::ErrorCode;
+use crate::error::RunError;
 use crate::telemetry::metrics::metrics;
 
 /// The topics `kafka.create_topics` creates.
@@ -33,7 +34,7 @@ pub async fn ensure_topics(k: &KafkaSettings) -> Result<(), RunError> {
     let opts = AdminOptions::new()
         .operation_timeout(Some(Duration::from_secs(10)))
         .request_timeout(Some(Duration::from_secs(10)));
-    let mut backoff = Backoff::new(k);
+    let mut backoff = Backoff::kafka(k);
     loop {
         match admin.create_topics(&new, &opts).await {
             Ok(results) => {
@@ -61,10 +62,10 @@ pub async fn ensure_topics(k: &KafkaSettings) -> Result<(), RunError> {
         match backoff.failed() {
             Some(delay) => tokio::time::sleep(delay).await,
             None => {
-                return Err(RunError::Kafka {
-                    code: ErrorCode::KafkaUnavailable,
-                    detail: format!("could not create topics within {} ms", k.halt_after_ms),
-                });
+                return Err(RunError::halt(
+                    ErrorCode::KafkaUnavailable,
+                    format!("could not create topics within {} ms", k.halt_after_ms),
+                ));
             }
         }
     }

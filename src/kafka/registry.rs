@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use http::{Request, StatusCode, Uri};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -22,11 +22,11 @@ use tokio::net::TcpStream;
 
 use tracing::{info, warn};
 
-use super::Backoff;
-use super::avro::{DLQ_SCHEMA, Framing, KG_SCHEMA, VARIABLES_SCHEMA};
-use crate::app::RunError;
-use crate::config::{KafkaSettings, SchemaRegistrySettings};
+use crate::backoff::Backoff;
+use crate::codec::avro::{DLQ_SCHEMA, Framing, KG_SCHEMA, VARIABLES_SCHEMA};
+use crate::config::{Endpoint, KafkaSettings, SchemaRegistrySettings};
 use crate::error::ErrorCode;
+use crate::error::RunError;
 use crate::telemetry::metrics::metrics;
 
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
@@ -69,48 +69,6 @@ struct ErrorBody {
     message: String,
 }
 
-/// The parts of `kafka.schema_registry.url` (parsing only: configuration validation uses it without touching the
-/// certificate store).
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    https: bool,
-    host: String,
-    port: u16,
-    /// Path prefix without a trailing slash (a registry behind a proxy path).
-    prefix: String,
-}
-
-impl Endpoint {
-    pub fn parse(url: &str) -> Result<Endpoint, RegistryError> {
-        let uri: Uri = url
-            .trim_end_matches('/')
-            .parse()
-            .map_err(|e| RegistryError::Config(format!("kafka.schema_registry.url is not a URL: {e}")))?;
-        let https = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => {
-                return Err(RegistryError::Config(
-                    "kafka.schema_registry.url must start with http:// or https://".into(),
-                ));
-            }
-        };
-        let authority =
-            uri.authority().ok_or_else(|| RegistryError::Config("kafka.schema_registry.url has no host".into()))?;
-        if authority.as_str().contains('@') {
-            return Err(RegistryError::Config(
-                "put registry credentials in kafka.schema_registry.username/password, not in the URL".into(),
-            ));
-        }
-        Ok(Endpoint {
-            https,
-            host: authority.host().trim_start_matches('[').trim_end_matches(']').to_string(),
-            port: authority.port_u16().unwrap_or(if https { 443 } else { 80 }),
-            prefix: uri.path().trim_end_matches('/').to_string(),
-        })
-    }
-}
-
 /// A registry endpoint (cheap to clone).
 #[derive(Clone)]
 pub struct SchemaRegistry {
@@ -128,7 +86,7 @@ impl std::fmt::Debug for SchemaRegistry {
 
 impl SchemaRegistry {
     pub fn new(settings: &SchemaRegistrySettings) -> Result<Self, RegistryError> {
-        let endpoint = Endpoint::parse(&settings.url)?;
+        let endpoint = Endpoint::parse(&settings.url).map_err(|e| RegistryError::Config(e.problems().join("; ")))?;
         let authorization = (!settings.username.is_empty()).then(|| {
             let pair = format!("{}:{}", settings.username, settings.password.expose());
             format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
@@ -271,13 +229,13 @@ pub async fn output_framing(k: &KafkaSettings) -> Result<[Framing; 3], RunError>
     if k.schema_registry.url.is_empty() {
         return Ok([Framing::SingleObject, Framing::SingleObject, Framing::SingleObject]);
     }
-    let failed = |detail: String| RunError::Kafka { code: ErrorCode::SchemaRegistryFailed, detail };
+    let failed = |detail: String| RunError::halt(ErrorCode::SchemaRegistryFailed, detail);
     let registry = SchemaRegistry::new(&k.schema_registry).map_err(|e| RunError::Config(e.to_string()))?;
     let outputs = [(&k.variables_topic, VARIABLES_SCHEMA), (&k.kg_topic, KG_SCHEMA), (&k.dlq_topic, DLQ_SCHEMA)];
     let mut framing = [Framing::SingleObject, Framing::SingleObject, Framing::SingleObject];
     for (slot, (topic, schema)) in framing.iter_mut().zip(outputs) {
         let subject = value_subject(topic);
-        let mut backoff = Backoff::new(k);
+        let mut backoff = Backoff::kafka(k);
         let id = loop {
             match registry.register(&subject, schema).await {
                 Ok(id) => break id,

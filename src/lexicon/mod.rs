@@ -15,46 +15,11 @@ use serde::Serialize;
 
 use matcher::PhraseMatcher;
 
+pub use crate::model::EntityKind;
+
 const CONCEPTS_TSV: &str = include_str!("../../data/lexicon/concepts.tsv");
 const TERMS_TSV: &str = include_str!("../../data/lexicon/terms.tsv");
 const VERSION: &str = include_str!("../../data/lexicon/VERSION");
-
-/// The six entity kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum EntityKind {
-    Medication,
-    Symptom,
-    Disease,
-    Procedure,
-    Lab,
-    Anatomy,
-}
-
-impl EntityKind {
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "medication" => Self::Medication,
-            "symptom" => Self::Symptom,
-            "disease" => Self::Disease,
-            "procedure" => Self::Procedure,
-            "lab" => Self::Lab,
-            "anatomy" => Self::Anatomy,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Medication => "medication",
-            Self::Symptom => "symptom",
-            Self::Disease => "disease",
-            Self::Procedure => "procedure",
-            Self::Lab => "lab",
-            Self::Anatomy => "anatomy",
-        }
-    }
-}
 
 /// A canonical concept: id (`DOID:…`, `MESH:…`, `SYMP:…`, `CS:…`), kind, preferred term, source codes.
 #[derive(Debug, Clone, Serialize, PartialEq)]

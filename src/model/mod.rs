@@ -1,13 +1,24 @@
-//! Internal types that flow between stages: a decoded `Note`, its `Section`s and `Sentence`s.
+//! The domain types every layer above shares: a decoded `Note`, its `Section`s and `Sentence`s, the mentions,
+//! variable results and knowledge-graph delta the stages derive (`Document`), where an event came from
+//! (`Origin`) and the record of one that produced no document (`DeadLetter`). Plain data: this module imports
+//! nothing from the crate but `error` (the codes a dead letter carries).
 //!
 //! Offsets (`start`, `end`) are UTF-8 byte offsets into `Note::text`, half-open, and always on `char`
 //! boundaries, so `&note.text[s.start..s.end]` is the span's text.
 
 pub mod fhir;
+pub mod kg;
+pub mod mention;
+pub mod origin;
+pub mod variable;
 
 use serde::Serialize;
 
 pub use fhir::{CodeableConcept, Coding, Period};
+pub use kg::KgDelta;
+pub use mention::{Assertion, EntityKind, Mention};
+pub use origin::{DeadLetter, Origin, Partition};
+pub use variable::{Label, VariableResult, Window};
 
 /// A clinical note decoded from a DocumentReference: metadata plus the plain text the stages read.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -129,9 +140,33 @@ pub struct Document {
     pub note: Note,
     pub sections: Vec<Section>,
     pub sentences: Vec<Sentence>,
-    pub mentions: Vec<crate::stages::mentions::Mention>,
-    pub variables: Vec<crate::stages::clear::VariableResult>,
+    pub mentions: Vec<Mention>,
+    pub variables: Vec<VariableResult>,
     /// The document's knowledge-graph delta (computed last, from everything above).
-    pub kg: Option<crate::stages::kg::KgDelta>,
-    pub timings: crate::stages::Timings,
+    pub kg: KgDelta,
+    pub timings: Timings,
+}
+
+/// Time spent in each stage for one document (recorded as metrics by the runner).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    pub decode: std::time::Duration,
+    pub sections: std::time::Duration,
+    pub sentences: std::time::Duration,
+    pub entities: std::time::Duration,
+    pub variables: std::time::Duration,
+    pub kg: std::time::Duration,
+}
+
+impl Timings {
+    pub fn stages(&self) -> [(&'static str, std::time::Duration); 6] {
+        [
+            ("decode", self.decode),
+            ("sections", self.sections),
+            ("sentences", self.sentences),
+            ("entities", self.entities),
+            ("variables", self.variables),
+            ("kg", self.kg),
+        ]
+    }
 }

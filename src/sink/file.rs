@@ -1,6 +1,7 @@
 //! The file sink: `DIR/notes.ndjson` (one record per document), `DIR/variables.ndjson` (one record per document
-//! and CLEAR variable), `DIR/kg.ndjson` (one knowledge-graph delta per document) and `DIR/dead_letters.ndjson` (one record per rejected event), both truncated at the start of a run. Records arrive in input order. Durable once `flush`
-//! returns (buffers written and files synced).
+//! and CLEAR variable), `DIR/kg.ndjson` (one knowledge-graph delta per document) and `DIR/dead_letters.ndjson`
+//! (one record per rejected event), all truncated at the start of a run. Records arrive in input order. Durable
+//! once `flush` returns (buffers written and files synced).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -8,10 +9,12 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use super::records::{DeadLetterRecord, NoteRecord, VariableRecord};
-use super::{DeadLetter, Sink, SinkError};
-use crate::model::Document;
-use crate::source::Origin;
+use super::{DeadLetter, Outputs, SinkError};
+use crate::ack::Acks;
+use crate::codec::records::{DeadLetterRecord, NoteRecord, VariableRecord};
+use crate::error::RunError;
+use crate::model::{Document, Origin};
+use crate::source::Record;
 use crate::stages::Compiled;
 
 pub const NOTES_FILE: &str = "notes.ndjson";
@@ -69,24 +72,22 @@ impl FileSink {
     }
 }
 
-impl Sink for FileSink {
-    fn document(&mut self, doc: &Document, origin: &Origin) -> Result<(), SinkError> {
+impl FileSink {
+    pub fn document(&mut self, doc: &Document, origin: &Origin) -> Result<(), SinkError> {
         let lexicon = &self.compiled.lexicon;
         Self::write_line(&mut self.notes, NOTES_FILE, &NoteRecord::new(doc, origin, lexicon, self.include_text))?;
         for record in VariableRecord::all(doc, lexicon, self.include_text) {
             Self::write_line(&mut self.variables, VARIABLES_FILE, &record)?;
         }
-        if let Some(delta) = &doc.kg {
-            Self::write_line(&mut self.kg, KG_FILE, delta)?;
-        }
-        Ok(())
+        Self::write_line(&mut self.kg, KG_FILE, &doc.kg)
     }
 
-    fn dead_letter(&mut self, letter: &DeadLetter) -> Result<(), SinkError> {
+    pub fn dead_letter(&mut self, letter: &DeadLetter) -> Result<(), SinkError> {
         Self::write_line(&mut self.dead_letters, DEAD_LETTERS_FILE, &DeadLetterRecord::new(letter))
     }
 
-    fn flush(&mut self) -> Result<(), SinkError> {
+    /// Writes the buffers and syncs the files.
+    pub fn flush(&mut self) -> Result<(), SinkError> {
         for (out, what) in [
             (&mut self.notes, NOTES_FILE),
             (&mut self.variables, VARIABLES_FILE),
@@ -98,5 +99,20 @@ impl Sink for FileSink {
                 .map_err(|source| SinkError { what: what.to_string(), source })?;
         }
         Ok(())
+    }
+}
+
+/// File mode's outputs side: nothing to commit, so a checkpoint is a flush.
+impl<R: Record> Outputs<R> for FileSink {
+    async fn document(&mut self, doc: &Document, record: &R) -> Result<(), RunError> {
+        Ok(FileSink::document(self, doc, &record.origin())?)
+    }
+
+    async fn dead_letter(&mut self, letter: &DeadLetter, _record: Option<&R>) -> Result<(), RunError> {
+        Ok(FileSink::dead_letter(self, letter)?)
+    }
+
+    async fn checkpoint(&mut self, _acks: &mut Acks) -> Result<(), RunError> {
+        Ok(self.flush()?)
     }
 }

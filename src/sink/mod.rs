@@ -1,47 +1,29 @@
-//! Sinks: where results go. A sink receives each event's outcome in input order — a `Document` or a
-//! `DeadLetter` — and reports an error only when it cannot write (`ErrorCode::SinkIo`, which halts the run).
+//! Sinks: where results go. The runner hands each event's outcome to its outputs side in intake order — a
+//! `Document` or a `DeadLetter` — and asks it to `checkpoint`: make everything handed over so far durable, then
+//! commit what the ack core allows. An error here halts the run (`sink_io`, `delivery_failed`, `commit_failed`).
 //!
-//! * `file` — `notes.ndjson` and `dead_letters.ndjson` in an output directory (file mode).
-//! * Kafka topics and the vector store come with their issues; each resolves its part of an event's ack only
-//!   when its write is durable (see docs/architecture.md).
+//! * `file` — `notes.ndjson`, `variables.ndjson`, `kg.ndjson`, `dead_letters.ndjson` in an output directory; a
+//!   checkpoint flushes them (nothing to commit: a rerun rewrites the files).
+//! * `kafka` — the producer (variables, knowledge-graph deltas, dead letters as Avro) and the commit step
+//!   (offsets after deliveries, or in one transaction with them).
 
 pub mod file;
-pub mod records;
+pub mod kafka;
 
-use crate::error::{DocError, ErrorCode, Stage};
+use std::future::Future;
+
+use crate::ack::Acks;
+use crate::error::RunError;
+pub use crate::error::SinkError;
+pub use crate::model::DeadLetter;
 use crate::model::Document;
-use crate::source::Origin;
 
-/// An event that produced no document: why, and where it came from. Never holds note text.
-#[derive(Debug, Clone)]
-pub struct DeadLetter {
-    pub error: DocError,
-    pub origin: Origin,
-    pub doc_id: Option<String>,
-}
-
-impl DeadLetter {
-    pub fn code(&self) -> ErrorCode {
-        self.error.code
-    }
-    pub fn stage(&self) -> Stage {
-        self.error.stage
-    }
-}
-
-/// An output could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("could not write {what}: {source}")]
-pub struct SinkError {
-    pub what: String,
-    #[source]
-    pub source: std::io::Error,
-}
-
-/// Receives outcomes in input order.
-pub trait Sink {
-    fn document(&mut self, doc: &Document, origin: &Origin) -> Result<(), SinkError>;
-    fn dead_letter(&mut self, letter: &DeadLetter) -> Result<(), SinkError>;
-    /// Makes everything written so far durable.
-    fn flush(&mut self) -> Result<(), SinkError>;
+/// The outputs side of a run, generic over the intake's record type `R`.
+pub trait Outputs<R> {
+    /// A finished document's outputs.
+    fn document(&mut self, doc: &Document, record: &R) -> impl Future<Output = Result<(), RunError>>;
+    /// An event that produced no document; `record` when its bytes were kept (Kafka dead letters carry them).
+    fn dead_letter(&mut self, letter: &DeadLetter, record: Option<&R>) -> impl Future<Output = Result<(), RunError>>;
+    /// Makes everything handed over so far durable, then commits the watermarks `acks` allows.
+    fn checkpoint(&mut self, acks: &mut Acks) -> impl Future<Output = Result<(), RunError>>;
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde::de::IgnoredAny;
 use tokio::sync::mpsc;
 
-use super::{Envelope, Origin, SourceError, SourceEvent};
+use super::{Envelope, IntakeControl, Origin, SourceError, SourceEvent};
 use crate::model::fhir::{Bundle, Probe};
 
 /// What one input argument names.
@@ -98,8 +98,8 @@ fn io_err(path: &Path, source: std::io::Error) -> SourceError {
     SourceError { path: path.display().to_string(), source }
 }
 
-/// What the reader sends: events, progress, or a fatal read error.
-pub type Item = Result<SourceEvent, SourceError>;
+/// What the reader sends: events, progress, or a fatal read error (`Intake::Failed`).
+pub type Item = SourceEvent;
 
 /// Starts the reader thread. It stops when everything is read, or early when the receiver is dropped.
 pub fn spawn(plan: Plan, max_message_bytes: usize, tx: mpsc::Sender<Item>) -> std::thread::JoinHandle<()> {
@@ -112,6 +112,30 @@ pub fn spawn(plan: Plan, max_message_bytes: usize, tx: mpsc::Sender<Item>) -> st
             }
         })
         .expect("spawning the file-source thread")
+}
+
+/// The reader thread as the runner controls it: closing the channel stops it (a blocked send fails), and it is
+/// waited for only when the run was not interrupted (an interrupted reader may be blocked reading stdin).
+pub struct Reading {
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reading {
+    pub fn new(thread: std::thread::JoinHandle<()>) -> Self {
+        Reading { thread: Some(thread) }
+    }
+}
+
+impl IntakeControl for Reading {
+    fn request_stop(&mut self) {}
+
+    fn answers_requests(&self) -> bool {
+        false
+    }
+
+    fn take_thread(&mut self, interrupted: bool) -> Option<std::thread::JoinHandle<()>> {
+        if interrupted { None } else { self.thread.take() }
+    }
 }
 
 /// The receiver is gone: stop reading.
@@ -127,13 +151,13 @@ struct Reader {
 impl Reader {
     fn run(&mut self, plan: Plan) -> Result<(), Stop> {
         for path in plan.skipped_files {
-            self.send(Ok(SourceEvent::SkippedFile(path)))?;
+            self.send(SourceEvent::SkippedFile(path))?;
         }
         for path in plan.files {
             let path = Arc::new(path);
             let file = match File::open(path.as_ref()) {
                 Ok(f) => f,
-                Err(e) => return self.send(Err(io_err(&path, e))),
+                Err(e) => return self.send(SourceEvent::Failed(io_err(&path, e))),
             };
             let whole = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("json"));
             let mut input = BufReader::with_capacity(256 * 1024, file);
@@ -142,7 +166,7 @@ impl Reader {
             if let Err(e) = result {
                 return match e {
                     ReadError::Stop => Err(Stop),
-                    ReadError::Io(e) => self.send(Err(io_err(&path, e))),
+                    ReadError::Io(e) => self.send(SourceEvent::Failed(io_err(&path, e))),
                 };
             }
         }
@@ -153,7 +177,7 @@ impl Reader {
             if let Err(e) = self.stdin(&mut input, &origin) {
                 return match e {
                     ReadError::Stop => Err(Stop),
-                    ReadError::Io(e) => self.send(Err(io_err(Path::new("<stdin>"), e))),
+                    ReadError::Io(e) => self.send(SourceEvent::Failed(io_err(Path::new("<stdin>"), e))),
                 };
             }
         }
@@ -167,7 +191,7 @@ impl Reader {
     fn progress(&mut self, force: bool) -> Result<(), Stop> {
         if force || self.consumed - self.reported >= 256 * 1024 {
             self.reported = self.consumed;
-            self.send(Ok(SourceEvent::Progress(self.consumed)))?;
+            self.send(SourceEvent::Progress(self.consumed))?;
         }
         Ok(())
     }
@@ -185,7 +209,7 @@ impl Reader {
             line_no += 1;
             self.consumed += n as u64;
             if oversized {
-                self.send(Ok(SourceEvent::Oversized { origin: origin(line_no), bytes: n as u64 }))?;
+                self.send(SourceEvent::Oversized { origin: origin(line_no), bytes: n as u64 })?;
             } else if !buf.iter().all(u8::is_ascii_whitespace) {
                 let payload = std::mem::take(&mut buf);
                 self.emit(payload, origin(line_no))?;
@@ -201,7 +225,7 @@ impl Reader {
         if n > self.max {
             let rest = std::io::copy(input, &mut std::io::sink())?;
             self.consumed += n as u64 + rest;
-            self.send(Ok(SourceEvent::Oversized { origin, bytes: n as u64 + rest }))?;
+            self.send(SourceEvent::Oversized { origin, bytes: n as u64 + rest })?;
         } else {
             self.consumed += n as u64;
             if !buf.iter().all(u8::is_ascii_whitespace) {
@@ -224,7 +248,7 @@ impl Reader {
             }
             if oversized {
                 self.consumed += n as u64;
-                self.send(Ok(SourceEvent::Oversized { origin: origin(skipped_lines + 1), bytes: n as u64 }))?;
+                self.send(SourceEvent::Oversized { origin: origin(skipped_lines + 1), bytes: n as u64 })?;
                 return self.lines_after(input, origin, skipped_lines + 1);
             }
             if !first.iter().all(u8::is_ascii_whitespace) {
@@ -261,13 +285,13 @@ impl Reader {
             for (entry, resource) in resources {
                 let origin = with_entry(&origin, entry);
                 match resource {
-                    Some(bytes) => self.send(Ok(SourceEvent::Record(Envelope { payload: bytes, origin })))?,
-                    None => self.send(Ok(SourceEvent::SkippedResource))?,
+                    Some(bytes) => self.send(SourceEvent::Record(Envelope { payload: bytes, origin }))?,
+                    None => self.send(SourceEvent::SkippedResource)?,
                 }
             }
             return Ok(());
         }
-        self.send(Ok(SourceEvent::Record(Envelope { payload, origin })))
+        self.send(SourceEvent::Record(Envelope { payload, origin }))
     }
 }
 

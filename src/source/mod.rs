@@ -1,17 +1,23 @@
-//! Sources: where events come from. Each yields `Envelope`s — the raw bytes of one event and where they came
+//! Sources: where events come from. Each yields records — the raw bytes of one event and where they came
 //! from — into a bounded channel; the runner turns each into outputs and tells the source (through its ack,
 //! for sources that have one) when everything derived from the event is durable.
 //!
 //! * `file` — NDJSON, FHIR Bundles and Bulk-FHIR exports from files, directories or stdin. Reading a file
 //!   needs no acknowledgement: a rerun reprocesses it and the outputs are overwritten.
-//! * Kafka (`crate::kafka`) yields records with `Origin::Kafka`; the runner advances each partition's
-//!   watermark only past documents whose outputs are delivered.
+//! * `kafka` — a consumer group member on its own poll thread: records with `Origin::Kafka` and group events
+//!   (`Assigned`, `Revoking`); the ack core (`crate::ack`) advances each partition's watermark only past documents
+//!   whose outputs are delivered.
+//!
+//! Both speak `Intake<R>` over a bounded channel to the one runner (`crate::runner`); `R: Record`.
 
 pub mod file;
+pub mod kafka;
 
-use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
+
+pub use crate::error::SourceError;
+pub use crate::model::Origin;
+use crate::model::Partition;
 
 /// The bytes of one event and where they came from.
 #[derive(Debug, Clone)]
@@ -20,64 +26,67 @@ pub struct Envelope {
     pub origin: Origin,
 }
 
-/// Where an event came from, for dead letters and logs. Holds positions, never content.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Origin {
-    /// A line of an NDJSON file, or (for a `.json` file) line 1; `entry` is the Bundle entry index when the event
-    /// was unpacked from a Bundle.
-    File {
-        path: Arc<PathBuf>,
-        line: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        entry: Option<usize>,
-    },
-    Stdin {
-        line: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        entry: Option<usize>,
-    },
-    /// A Kafka record.
-    Kafka { topic: Arc<str>, partition: i32, offset: i64 },
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (place, line, entry) = match self {
-            Origin::File { path, line, entry } => (path.display().to_string(), line, entry),
-            Origin::Stdin { line, entry } => ("<stdin>".to_string(), line, entry),
-            Origin::Kafka { topic, partition, offset } => return write!(f, "{topic}[{partition}]@{offset}"),
-        };
-        write!(f, "{place}:{line}")?;
-        if let Some(e) = entry {
-            write!(f, " entry {e}")?;
-        }
-        Ok(())
-    }
-}
-
-/// What a source sends to the runner.
+/// What an intake sends to the runner, in order: records, and the events around them.
 #[derive(Debug)]
-pub enum SourceEvent {
-    Record(Envelope),
-    /// Progress: bytes of input consumed so far (for the progress bar).
-    Progress(u64),
-    /// An event longer than `input.max_message_bytes`; its bytes were not kept.
+pub enum Intake<R> {
+    Record(R),
+    /// An event longer than `input.max_message_bytes` whose bytes were not kept (the file source).
     Oversized {
         origin: Origin,
         bytes: u64,
     },
+    /// Progress: bytes of input consumed so far (for the progress bar).
+    Progress(u64),
     /// A file that was deliberately not read (another resource type in a Bulk-FHIR export).
     SkippedFile(PathBuf),
     /// A Bundle entry that is not a DocumentReference.
     SkippedResource,
+    /// Partitions assigned to this worker (the intake has added them to the ack ledger).
+    Assigned(Vec<Partition>),
+    /// Partitions about to be released: finish everything in flight, checkpoint, then send on `done`.
+    Revoking {
+        partitions: Vec<Partition>,
+        done: std::sync::mpsc::SyncSender<()>,
+    },
+    /// The input could not be read; the run halts.
+    Failed(SourceError),
 }
 
-/// The input could not be read. Halts the run (see `ErrorCode::SourceIo`).
-#[derive(Debug, thiserror::Error)]
-#[error("could not read {path}: {source}")]
-pub struct SourceError {
-    pub path: String,
-    #[source]
-    pub source: std::io::Error,
+/// The file source's events.
+pub type SourceEvent = Intake<Envelope>;
+
+/// The intake's thread or task, which the runner stops and waits for at the end.
+pub trait IntakeControl {
+    /// Stop taking records (the runner keeps answering revocations until the intake has ended).
+    fn request_stop(&mut self);
+    /// Whether the intake sends requests the runner must answer while it stops (revocations). When it does not,
+    /// the runner closes its receiver so a reader blocked on a full channel ends.
+    fn answers_requests(&self) -> bool;
+    /// The thread to wait for; `None` when it must not be waited for (a reader blocked on stdin).
+    fn take_thread(&mut self, interrupted: bool) -> Option<std::thread::JoinHandle<()>>;
+}
+
+/// One consumed event as the runner sees it.
+pub trait Record: Send + Sync + 'static {
+    /// The event's bytes.
+    fn payload(&self) -> &[u8];
+    /// Where it came from (for dead letters and logs).
+    fn origin(&self) -> Origin;
+    /// Partition and offset, for intakes whose progress is acknowledged (Kafka); `None` for files.
+    fn position(&self) -> Option<(Partition, i64)> {
+        None
+    }
+    /// Whether the runner counts the payload as input bytes (sources without `Progress` events).
+    fn counts_bytes(&self) -> bool {
+        false
+    }
+}
+
+impl Record for Envelope {
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+    fn origin(&self) -> Origin {
+        self.origin.clone()
+    }
 }

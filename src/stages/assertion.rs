@@ -18,9 +18,8 @@
 
 use std::sync::OnceLock;
 
-use serde::Serialize;
-
 use crate::lexicon::matcher::{PhraseMatch, PhraseMatcher};
+pub use crate::model::Assertion;
 
 const CUES_TSV: &str = include_str!("../../data/context/cues.tsv");
 
@@ -47,39 +46,6 @@ pub enum Direction {
 pub struct Cue {
     pub category: Category,
     pub direction: Direction,
-}
-
-/// The assertion flags of one mention.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Assertion {
-    pub negated: bool,
-    pub uncertain: bool,
-    pub historical: bool,
-    pub family: bool,
-    pub hypothetical: bool,
-}
-
-impl Assertion {
-    /// Affirmed: about the patient, now, and neither negated nor uncertain nor hypothetical.
-    pub fn is_affirmed(&self) -> bool {
-        !(self.negated || self.uncertain || self.historical || self.family || self.hypothetical)
-    }
-
-    /// The flags that are set, as short names (`neg unc hist fam hyp`), or `aff` when none is.
-    pub fn short(&self) -> String {
-        let names: Vec<&str> = [
-            (self.negated, "neg"),
-            (self.uncertain, "unc"),
-            (self.historical, "hist"),
-            (self.family, "fam"),
-            (self.hypothetical, "hyp"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| *n)
-        .collect();
-        if names.is_empty() { "aff".to_string() } else { names.join(" ") }
-    }
 }
 
 /// Scope limits.

@@ -14,123 +14,12 @@
 
 use std::collections::HashSet;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::config::{Decision, VariableDef};
 use crate::lexicon::{EntityKind, ExtraTerm, Lexicon};
-use crate::model::Section;
-use crate::stages::assertion::Assertion;
-use crate::stages::mentions::Mention;
+use crate::model::variable::EvidenceMention;
+pub use crate::model::variable::{Label, VariableResult, Window};
+use crate::model::{Mention, Section};
 use crate::stages::sections::CANONICAL_SECTIONS;
-
-/// A variable definition (config `[[clear.variables]]`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct VariableDef {
-    pub name: String,
-    /// Kind of the variable's own synonym concept (default `disease`).
-    #[serde(default = "default_kind")]
-    pub kind: String,
-    /// Lexicon concept ids (`DOID:552`, `MESH:D006332`, ...).
-    #[serde(default)]
-    pub concepts: Vec<String>,
-    /// Extra phrases that mention the variable.
-    #[serde(default)]
-    pub synonyms: Vec<String>,
-    /// Also target every descendant of `concepts`.
-    #[serde(default = "yes")]
-    pub include_descendants: bool,
-    /// Only these canonical sections (empty = all).
-    #[serde(default)]
-    pub sections: Vec<String>,
-    /// Never these canonical sections.
-    #[serde(default)]
-    pub exclude_sections: Vec<String>,
-    /// Window half-width in words (default `clear.window_words`).
-    #[serde(default)]
-    pub window_words: Option<usize>,
-    /// Context-token budget (default `clear.token_budget`).
-    #[serde(default)]
-    pub token_budget: Option<usize>,
-    /// How mentions combine into a label: `weighted` (each mention votes with its section weight; the heaviest
-    /// label wins) or `any_present` (CheXpert-style: one affirmed mention makes it present, else uncertain, else
-    /// absent).
-    #[serde(default)]
-    pub decision: Decision,
-    /// Count historical mentions as present (a history of the condition); when false they count as absent
-    /// (the variable means current use, e.g. tobacco).
-    #[serde(default = "yes")]
-    pub historical_is_present: bool,
-}
-
-fn default_kind() -> String {
-    "disease".to_string()
-}
-
-fn yes() -> bool {
-    true
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    #[default]
-    Weighted,
-    AnyPresent,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Label {
-    Present,
-    Absent,
-    Uncertain,
-    NotMentioned,
-}
-
-impl Label {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Label::Present => "present",
-            Label::Absent => "absent",
-            Label::Uncertain => "uncertain",
-            Label::NotMentioned => "not_mentioned",
-        }
-    }
-}
-
-/// A target mention inside an evidence window.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct EvidenceMention {
-    pub start: usize,
-    pub end: usize,
-    pub section: &'static str,
-    pub weight: f32,
-    pub assertion: Assertion,
-}
-
-/// One merged window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Window {
-    pub start: usize,
-    pub end: usize,
-    /// The heaviest section among its mentions.
-    pub section: &'static str,
-    pub weight: f32,
-    pub tokens: usize,
-    pub mentions: Vec<EvidenceMention>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct VariableResult {
-    pub variable: String,
-    pub label: Label,
-    pub confidence: f32,
-    pub evidence: Vec<Window>,
-    /// Tokens in the kept windows (bounded by the budget).
-    pub context_tokens: usize,
-    /// Target mentions found before the budget cut.
-    pub mentions_found: usize,
-}
 
 /// A variable compiled against the lexicon.
 #[derive(Debug, Clone)]

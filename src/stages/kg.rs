@@ -17,71 +17,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use sha1::Digest as _;
 
 use crate::lexicon::{EntityKind, Lexicon};
-use crate::model::Document;
-use crate::stages::assertion::Assertion;
-use crate::stages::mentions::Mention;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Op {
-    Upsert,
-    Retract,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Node {
-    pub id: String,
-    /// `patient`, `document` or `concept`.
-    #[serde(rename = "type")]
-    pub node_type: String,
-    /// Patient / document reference, or the concept's canonical id.
-    pub key: String,
-    /// Concept kind (medication, symptom, disease, procedure, lab, anatomy); null for other nodes.
-    pub kind: Option<String>,
-    pub label: Option<String>,
-    pub codes: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Evidence {
-    pub doc_id: String,
-    pub section: String,
-    pub start: i64,
-    pub end: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Edge {
-    pub id: String,
-    #[serde(rename = "type")]
-    pub edge_type: String,
-    pub source: String,
-    pub target: String,
-    /// For patient → concept edges: affirmed, negated, uncertain, historical; null otherwise.
-    pub assertion: Option<String>,
-    pub confidence: f64,
-    pub evidence: Vec<Evidence>,
-}
-
-/// One document version's contribution to the graph.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KgDelta {
-    pub doc_id: String,
-    pub version: Option<String>,
-    pub last_updated: Option<String>,
-    pub patient: String,
-    pub op: Op,
-    /// Document ids whose contributions this document removes (`relatesTo.replaces`).
-    pub replaces: Vec<String>,
-    pub nodes: Vec<Node>,
-    pub edges: Vec<Edge>,
-    pub lexicon_version: String,
-    pub worker_version: String,
-}
+pub use crate::model::kg::{Edge, Evidence, KgDelta, Node, Op};
+use crate::model::{Assertion, Mention, Note, Section};
 
 /// A stable id: a prefix and the first 16 hex digits of the SHA-1 of the parts.
 pub fn stable_id(prefix: &str, parts: &[&str]) -> String {
@@ -163,8 +103,13 @@ const RELATION_CUES: &[&str] = &[
 const PLAN_SECTIONS: &[&str] = &["assessment_and_plan", "assessment", "plan", "impression"];
 
 /// Builds the delta of one document. `replaces` are document ids (reference prefixes removed).
-pub fn delta(doc: &Document, lexicon: &Lexicon, worker_version: &str) -> KgDelta {
-    let note = &doc.note;
+pub fn delta(
+    note: &Note,
+    sections: &[Section],
+    mentions: &[Mention],
+    lexicon: &Lexicon,
+    worker_version: &str,
+) -> KgDelta {
     let patient = note.patient.clone().unwrap_or_else(|| format!("DocumentReference/{}", note.doc_id));
     let replaces: Vec<String> = note.replaces().map(|r| r.rsplit('/').next().unwrap_or(r).to_string()).collect();
     let base = KgDelta {
@@ -250,12 +195,12 @@ pub fn delta(doc: &Document, lexicon: &Lexicon, worker_version: &str) -> KgDelta
     };
     let evidence = |m: &Mention| Evidence {
         doc_id: note.doc_id.clone(),
-        section: doc.sections[m.section].name.to_string(),
+        section: sections[m.section].name.to_string(),
         start: m.start as i64,
         end: m.end as i64,
     };
 
-    for m in &doc.mentions {
+    for m in mentions {
         let Some(assertion) = assertion_name(&m.assertion) else { continue };
         let edge_type = if m.assertion.family {
             if m.kind == EntityKind::Anatomy {
@@ -273,8 +218,7 @@ pub fn delta(doc: &Document, lexicon: &Lexicon, worker_version: &str) -> KgDelta
     }
 
     // Concept–concept relations between the patient's affirmed or historical mentions.
-    let usable: Vec<&Mention> = doc
-        .mentions
+    let usable: Vec<&Mention> = mentions
         .iter()
         .filter(|m| {
             let a = m.assertion;
@@ -286,7 +230,7 @@ pub fn delta(doc: &Document, lexicon: &Lexicon, worker_version: &str) -> KgDelta
         for b in usable[i + 1..].iter().take_while(|b| b.section == a.section) {
             let Some((edge_type, swapped)) = pair_type(a.kind, b.kind) else { continue };
             let same_sentence = a.sentence == b.sentence;
-            let same_plan_section = a.section == b.section && PLAN_SECTIONS.contains(&doc.sections[a.section].name);
+            let same_plan_section = a.section == b.section && PLAN_SECTIONS.contains(&sections[a.section].name);
             if !same_sentence && !same_plan_section {
                 continue;
             }

@@ -4,27 +4,11 @@
 //! lies inside a sentence (headers are not mentions), with kind, concept, span, sentence, section, and the
 //! ConText assertion computed over its sentence plus the section defaults. Cannot fail.
 
-use serde::Serialize;
-
-use crate::lexicon::{EntityKind, Lexicon};
+use crate::lexicon::Lexicon;
+use crate::model::Assertion;
+pub use crate::model::Mention;
 use crate::model::{Section, Sentence};
-use crate::stages::assertion::{self, Assertion, AssertionParams, ContextRules};
-
-/// One entity mention.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Mention {
-    pub kind: EntityKind,
-    /// Index into the lexicon's concepts.
-    #[serde(skip)]
-    pub concept: u32,
-    pub start: usize,
-    pub end: usize,
-    /// Index into the note's sentences.
-    pub sentence: usize,
-    /// Index into the note's sections.
-    pub section: usize,
-    pub assertion: Assertion,
-}
+use crate::stages::assertion::{self, AssertionParams, ContextRules};
 
 /// Finds mentions in every sentence and asserts them.
 pub fn extract(

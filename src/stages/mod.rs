@@ -18,40 +18,41 @@ pub mod sentences;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::config::Settings;
+use crate::config::{ConfigError, Settings};
 use crate::error::DocError;
 use crate::lexicon::Lexicon;
 use crate::model::Document;
-
-/// Time spent in each stage for one document (recorded as metrics by the runner).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Timings {
-    pub decode: std::time::Duration,
-    pub sections: std::time::Duration,
-    pub sentences: std::time::Duration,
-    pub entities: std::time::Duration,
-    pub variables: std::time::Duration,
-    pub kg: std::time::Duration,
-}
-
-impl Timings {
-    pub fn stages(&self) -> [(&'static str, std::time::Duration); 6] {
-        [
-            ("decode", self.decode),
-            ("sections", self.sections),
-            ("sentences", self.sentences),
-            ("entities", self.entities),
-            ("variables", self.variables),
-            ("kg", self.kg),
-        ]
-    }
-}
+pub use crate::model::Timings;
 
 /// Why one event produced no document: the error, and the document id when it was read before the failure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rejected {
     pub error: DocError,
     pub doc_id: Option<String>,
+}
+
+/// The settings that name things only the stages know (canonical section names, supported content types),
+/// checked against the stages' tables. Part of `Pipeline::new`, so every command checks them before its first
+/// event; `config.rs` itself imports nothing from the crate.
+pub fn check_names(settings: &Settings) -> Result<(), ConfigError> {
+    let mut problems = Vec::new();
+    for (i, ct) in settings.decode.content_type_preference.iter().enumerate() {
+        if !attachment::SUPPORTED_CONTENT_TYPES.contains(&ct.to_ascii_lowercase().as_str()) {
+            problems.push(format!(
+                "decode.content_type_preference[{i}]: `{ct}` is not a supported content type (supported: {})",
+                attachment::SUPPORTED_CONTENT_TYPES.join(", ")
+            ));
+        }
+    }
+    for name in settings.sections.weights.keys() {
+        if !sections::CANONICAL_SECTIONS.contains(&name.as_str()) {
+            problems.push(format!(
+                "sections.weights.{name}: unknown section name (known: {})",
+                sections::CANONICAL_SECTIONS.join(", ")
+            ));
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
 }
 
 /// The stage parameters, resolved from settings once and shared by every worker thread.
@@ -76,7 +77,8 @@ type CompiledCache = Mutex<Vec<(crate::config::ClearSettings, Arc<Compiled>)>>;
 impl Pipeline {
     /// Resolves settings and compiles the lexicon with the CLEAR variables (once per distinct variable set in a
     /// process). Fails with a message naming the variable and field when a definition is wrong.
-    pub fn new(settings: &Settings) -> Result<Self, String> {
+    pub fn new(settings: &Settings) -> Result<Self, ConfigError> {
+        check_names(settings)?;
         static CACHE: OnceLock<CompiledCache> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
         let found =
@@ -86,7 +88,8 @@ impl Pipeline {
             None => {
                 let c = &settings.clear;
                 let (lexicon, variables) =
-                    clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())?;
+                    clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())
+                        .map_err(|why| ConfigError::Invalid(vec![why]))?;
                 let compiled = Arc::new(Compiled { lexicon, variables });
                 cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
                 compiled
@@ -142,10 +145,9 @@ impl Pipeline {
         lap(&mut timings.entities, &mut last);
         let variables = clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables);
         lap(&mut timings.variables, &mut last);
-        let mut doc = Document { note, sections, sentences, mentions, variables, kg: None, timings };
-        doc.kg = Some(kg::delta(&doc, &self.compiled.lexicon, crate::sink::records::WORKER_VERSION));
-        lap(&mut doc.timings.kg, &mut last);
-        doc
+        let delta = kg::delta(&note, &sections, &mentions, &self.compiled.lexicon, crate::WORKER_VERSION);
+        lap(&mut timings.kg, &mut last);
+        Document { note, sections, sentences, mentions, variables, kg: delta, timings }
     }
 
     /// Runs every stage over one event.

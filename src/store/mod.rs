@@ -7,6 +7,7 @@
 //! rather than duplicates. A newer version of a document, `entered-in-error`, or `relatesTo.replaces` removes the
 //! older points (`delete_document`).
 
+pub mod bm25;
 pub mod embedded;
 pub mod server;
 
@@ -15,6 +16,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::config::StoreSettings;
+use crate::error::ErrorCode;
 
 /// Name of the dense vector in the collection.
 pub const DENSE: &str = "dense";
@@ -79,18 +81,43 @@ pub struct Hit {
 }
 
 /// A store failure: transient ones (unavailable, overloaded, timeouts) are retried, the rest halt the worker.
+/// Messages name the operation and the status, never payload values.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct StoreError {
-    pub transient: bool,
-    /// Server-requested pause before the next try (`retry-after` on resource-exhausted).
-    pub retry_after: Option<Duration>,
-    pub message: String,
+pub enum StoreError {
+    /// Unavailable, overloaded or timed out; `retry_after` is the server's requested pause, if any.
+    #[error("{detail}")]
+    Unavailable { detail: String, retry_after: Option<Duration> },
+    /// Anything else (a refused request, a collection of another shape, local I/O).
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl StoreError {
     pub fn fatal(message: impl Into<String>) -> Self {
-        StoreError { transient: false, retry_after: None, message: message.into() }
+        StoreError::Failed(message.into())
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        StoreError::Unavailable { detail: message.into(), retry_after: None }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            StoreError::Unavailable { retry_after, .. } => *retry_after,
+            StoreError::Failed(_) => None,
+        }
+    }
+
+    /// The error code a document or run gets when this error ends it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::Unavailable { .. } => ErrorCode::StoreUnavailable,
+            StoreError::Failed(_) => ErrorCode::StoreFailed,
+        }
     }
 }
 

@@ -28,21 +28,31 @@ pub struct ServerStore {
 fn classify(what: &str, e: QdrantError) -> StoreError {
     use tonic::Code;
     match &e {
-        QdrantError::ResourceExhaustedError { retry_after_seconds, .. } => StoreError {
-            transient: true,
+        QdrantError::ResourceExhaustedError { retry_after_seconds, .. } => StoreError::Unavailable {
+            detail: format!("qdrant {what}: resource exhausted"),
             retry_after: Some(Duration::from_secs(*retry_after_seconds)),
-            message: format!("qdrant {what}: resource exhausted"),
         },
         QdrantError::ResponseError { status } => {
-            let transient = matches!(
-                status.code(),
-                Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Unknown
-            );
-            StoreError { transient, retry_after: None, message: format!("qdrant {what}: {:?}", status.code()) }
+            // A connection dropped mid-call (the server killed or restarted) surfaces as `Internal` with a
+            // transport message from h2/hyper, not as `Unavailable`: that is an outage, not a refused request.
+            let message = status.message().to_ascii_lowercase();
+            let connection_lost = status.code() == Code::Internal
+                && ["h2 protocol error", "connection", "transport", "broken pipe", "stream closed"]
+                    .iter()
+                    .any(|m| message.contains(m));
+            let transient = connection_lost
+                || matches!(
+                    status.code(),
+                    Code::Unavailable
+                        | Code::DeadlineExceeded
+                        | Code::ResourceExhausted
+                        | Code::Aborted
+                        | Code::Unknown
+                );
+            let detail = format!("qdrant {what}: {:?}", status.code());
+            if transient { StoreError::unavailable(detail) } else { StoreError::Failed(detail) }
         }
-        QdrantError::Io(_) => {
-            StoreError { transient: true, retry_after: None, message: format!("qdrant {what}: connection failed") }
-        }
+        QdrantError::Io(_) => StoreError::unavailable(format!("qdrant {what}: connection failed")),
         other => StoreError::fatal(format!("qdrant {what}: {other}")),
     }
 }

@@ -1,20 +1,26 @@
-//! Logging set-up. Logs are structured fields, never note text, names or identifiers: events carry codes,
+//! Logging set-up, metrics (`metrics`) and the process's health flags (`health`). Logs are structured fields, never note text, names or identifiers: events carry codes,
 //! stages, counts and input positions (file and line), not document ids or values.
 
+pub mod health;
 pub mod metrics;
 
 use std::io::IsTerminal;
 
 use crate::config::{LogFormat, LogSettings};
 
+/// Logging could not be set up (a bad filter, or a subscriber already installed).
+#[derive(Debug, thiserror::Error)]
+#[error("setting up logging: {0}")]
+pub struct LogError(String);
+
 /// Installs the global subscriber: JSON lines, or human-readable text on a terminal (`log.format = auto`).
 /// `RUST_LOG` overrides `log.level` when set.
-pub fn init_logging(settings: &LogSettings) -> Result<(), String> {
+pub fn init_logging(settings: &LogSettings) -> Result<(), LogError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => v,
         _ => settings.level.clone(),
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| format!("log filter: {e}"))?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| LogError(format!("log filter: {e}")))?;
     let json = match settings.format {
         LogFormat::Json => true,
         LogFormat::Text => false,
@@ -26,5 +32,5 @@ pub fn init_logging(settings: &LogSettings) -> Result<(), String> {
     } else {
         builder.with_target(false).try_init()
     };
-    result.map_err(|e| e.to_string())
+    result.map_err(|e| LogError(e.to_string()))
 }

@@ -6,7 +6,9 @@ use std::fmt::Write;
 
 use crate::config::Settings;
 use crate::embed::Embedder;
-use crate::store::{Hit, Query, Store};
+use crate::store::{Hit, Query, Store, bm25};
+
+use anyhow::Context as _;
 
 /// Runs one search against the configured store.
 pub async fn search(
@@ -15,19 +17,19 @@ pub async fn search(
     patient: Option<&str>,
     section: Option<&str>,
     top: usize,
-) -> Result<Vec<Hit>, String> {
-    let embedder = Embedder::start_async(&settings.embed).await.map_err(|e| format!("embedding model: {e}"))?;
-    let store = Store::open_existing(&settings.store).await.map_err(|e| format!("vector store: {e}"))?;
-    let dense = embedder.embed(&[query]).await.map_err(|e| e.0)?.pop().unwrap_or_default();
-    let bm25 = crate::index::bm25(settings.store.bm25_avg_len)?;
+) -> anyhow::Result<Vec<Hit>> {
+    let embedder = Embedder::start_async(&settings.embed).await.context("embedding model")?;
+    let store = Store::open_existing(&settings.store).await.context("vector store")?;
+    let dense = embedder.embed(&[query]).await?.pop().unwrap_or_default();
+    let bm25 = bm25::encoder(settings.store.bm25_avg_len)?;
     let q = Query {
         dense,
-        sparse: crate::index::sparse_query(&bm25, query),
+        sparse: bm25::sparse_query(&bm25, query),
         patient: patient.map(str::to_string),
         section: section.map(str::to_string),
         top,
     };
-    store.search(&q).await.map_err(|e| format!("search failed: {e}"))
+    store.search(&q).await.context("search failed")
 }
 
 /// Text: one block per hit (rank, score, document, section, a snippet); JSON: one line per hit with its payload.

@@ -9,10 +9,13 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::mpsc;
 
-use super::client_config;
-use crate::app::RunError;
+use crate::codec::avro::{self, Encoder};
+
+use anyhow::{Context as _, anyhow};
+
 use crate::config::Settings;
-use crate::error::ErrorCode;
+use crate::error::{ErrorCode, RunError};
+use crate::kafka::client_config;
 use crate::source::SourceEvent;
 use crate::source::file::{self, Input};
 
@@ -45,7 +48,8 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
     let mut summary = ProduceSummary::default();
     let mut deliveries = Vec::new();
     while let Some(item) = rx.recv().await {
-        match item? {
+        match item {
+            SourceEvent::Failed(e) => return Err(e.into()),
             SourceEvent::Record(envelope) => {
                 let key = event_key(&envelope.payload);
                 let mut record = FutureRecord::<str, [u8]>::to(topic).payload(&envelope.payload);
@@ -66,7 +70,7 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
                             }
                         }
                         Err((e, _)) => {
-                            return Err(RunError::Kafka { code: ErrorCode::DeliveryFailed, detail: e.to_string() });
+                            return Err(RunError::halt(ErrorCode::DeliveryFailed, e.to_string()));
                         }
                     }
                 }
@@ -91,7 +95,7 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
 fn check<Canceled>(
     result: Result<rdkafka::producer::future_producer::OwnedDeliveryResult, Canceled>,
 ) -> Result<(), RunError> {
-    let failed = |detail: String| RunError::Kafka { code: ErrorCode::DeliveryFailed, detail };
+    let failed = |detail: String| RunError::halt(ErrorCode::DeliveryFailed, detail);
     match result {
         Ok(Ok(_)) => Ok(()),
         Ok(Err((e, _))) => Err(failed(e.to_string())),
@@ -101,7 +105,7 @@ fn check<Canceled>(
 
 /// Reads every knowledge-graph delta on `topic` (read_committed, from the beginning to the current end of each
 /// partition), for `clinstream kg materialize --topic`.
-pub fn read_kg_topic(settings: &Settings, topic: &str) -> Result<Vec<crate::stages::kg::KgDelta>, String> {
+pub fn read_kg_topic(settings: &Settings, topic: &str) -> anyhow::Result<Vec<crate::model::KgDelta>> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
     use rdkafka::{Offset, TopicPartitionList};
@@ -112,39 +116,38 @@ pub fn read_kg_topic(settings: &Settings, topic: &str) -> Result<Vec<crate::stag
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
         .create()
-        .map_err(|e| format!("kafka consumer: {e}"))?;
+        .context("kafka consumer")?;
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        .with_context(|| format!("metadata of {topic}"))?;
     let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
     if partitions.is_empty() {
-        return Err(format!("topic {topic} has no partitions (does it exist?)"));
+        return Err(anyhow!("topic {topic} has no partitions (does it exist?)"));
     }
     let mut tpl = TopicPartitionList::new();
     for p in &partitions {
-        tpl.add_partition_offset(topic, *p, Offset::Beginning).map_err(|e| e.to_string())?;
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
     }
-    consumer.assign(&tpl).map_err(|e| format!("assign: {e}"))?;
-    let encoder = super::avro::Encoder::new(super::avro::KG_SCHEMA, super::avro::Framing::SingleObject)
-        .map_err(|e| e.to_string())?;
+    consumer.assign(&tpl).context("assign")?;
+    let encoder = Encoder::new(avro::KG_SCHEMA, avro::Framing::SingleObject)?;
     let mut at_end: std::collections::HashSet<i32> = std::collections::HashSet::new();
     let mut deltas = Vec::new();
     while at_end.len() < partitions.len() {
         match consumer.poll(Duration::from_secs(30)) {
-            None => return Err(format!("no progress reading {topic} for 30 s")),
+            None => return Err(anyhow!("no progress reading {topic} for 30 s")),
             Some(Ok(m)) => {
                 at_end.remove(&m.partition());
                 let value = encoder
                     .decode(m.payload().unwrap_or_default())
-                    .map_err(|e| format!("{topic}[{}]@{}: {e}", m.partition(), m.offset()))?;
+                    .with_context(|| format!("{topic}[{}]@{}", m.partition(), m.offset()))?;
                 let delta = apache_avro::from_value(&value)
-                    .map_err(|e| format!("{topic}[{}]@{}: {e}", m.partition(), m.offset()))?;
+                    .with_context(|| format!("{topic}[{}]@{}", m.partition(), m.offset()))?;
                 deltas.push(delta);
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p);
             }
-            Some(Err(e)) => return Err(format!("reading {topic}: {e}")),
+            Some(Err(e)) => return Err(anyhow!("reading {topic}: {e}")),
         }
     }
     Ok(deltas)

@@ -7,14 +7,12 @@
 
 use serde::Serialize;
 
-use crate::lexicon::{EntityKind, Lexicon};
-use crate::model::{AttachmentInfo, CodeableConcept, Document, Period, RelatesTo};
-use crate::source::Origin;
-use crate::stages::assertion::Assertion;
-use crate::stages::clear::{Label, Window};
-
-/// The version of this worker, written into every output record.
-pub const WORKER_VERSION: &str = env!("CARGO_PKG_VERSION");
+use crate::WORKER_VERSION;
+use crate::lexicon::Lexicon;
+use crate::model::{
+    Assertion, AttachmentInfo, CodeableConcept, DeadLetter, Document, EntityKind, Label, Origin, Period, RelatesTo,
+    Window,
+};
 
 #[derive(Debug, Serialize)]
 pub struct NoteRecord<'a> {
@@ -214,7 +212,7 @@ pub struct DeadLetterRecord<'a> {
 }
 
 impl<'a> DeadLetterRecord<'a> {
-    pub fn new(letter: &'a super::DeadLetter) -> Self {
+    pub fn new(letter: &'a DeadLetter) -> Self {
         DeadLetterRecord {
             code: letter.error.code.as_str(),
             stage: letter.error.stage.as_str(),

@@ -1,5 +1,5 @@
-//! The intake: one thread polls the consumer and forwards, in order, records and group events to the runner
-//! over a bounded channel.
+//! The Kafka source: one thread polls the consumer and forwards, in order, records and group events to the runner
+//! over a bounded channel (`Intake<KafkaRecord>`).
 //!
 //! * Backpressure: when the channel is full the thread holds records back (in order) and keeps polling; when
 //!   the in-flight budget stays exhausted for `kafka.pause_after_ms` (or the held records reach sixteen times
@@ -13,7 +13,7 @@
 //! * Offsets are never stored by librdkafka itself (`enable.auto.offset.store=false`, `enable.auto.commit=false`):
 //!   the runner stores and commits per-partition watermarks of finished documents.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,13 +26,16 @@ use rdkafka::{ClientContext, Statistics, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::client_config;
+use super::{Intake, Record};
+use crate::ack::Ledger;
 use crate::config::Settings;
-use crate::error::ErrorCode;
+use crate::error::{ErrorCode, RunError};
+use crate::kafka::client_config;
+use crate::model::{Origin, Partition};
 use crate::telemetry::metrics::metrics;
 
 /// A topic-partition.
-pub type Tp = (Arc<str>, i32);
+pub type Tp = Partition;
 
 /// A consumed record (payload, key, headers and position; the bytes are the event's only copy).
 #[derive(Debug)]
@@ -52,33 +55,37 @@ impl KafkaRecord {
     }
 }
 
-/// What the intake thread tells the runner, in order.
-#[derive(Debug)]
-pub enum Intake {
-    Record(Arc<KafkaRecord>),
-    Assigned(Vec<Tp>),
-    /// Finish everything in flight, commit, then send on `done`: the partitions are released after that.
-    Revoking {
-        partitions: Vec<Tp>,
-        done: std::sync::mpsc::SyncSender<()>,
-    },
+impl Record for KafkaRecord {
+    fn payload(&self) -> &[u8] {
+        KafkaRecord::payload(self)
+    }
+    fn origin(&self) -> Origin {
+        Origin::Kafka { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
+    }
+    fn position(&self) -> Option<(Partition, i64)> {
+        Some((self.tp(), self.offset))
+    }
+    fn counts_bytes(&self) -> bool {
+        true
+    }
 }
+
+/// What the intake thread sends.
+pub type KafkaIntake = Intake<KafkaRecord>;
 
 /// Shared between the intake thread (callbacks) and the runner.
 pub struct IntakeContext {
-    tx: mpsc::Sender<Intake>,
+    tx: mpsc::Sender<KafkaIntake>,
     /// Items the channel had no room for, in order; only the intake thread touches it.
-    held: Mutex<VecDeque<Intake>>,
+    held: Mutex<VecDeque<KafkaIntake>>,
     held_limit: usize,
     drain_timeout: Duration,
     /// Set before the consumer is closed: the final revocation needs no drain.
     closing: AtomicBool,
     paused: AtomicBool,
-    /// Partitions currently assigned to this worker; the runner commits only these.
-    assigned: Mutex<BTreeSet<Tp>>,
-    /// The highest offset this process committed per partition (commits never move backwards); with the
-    /// partitions' end offsets from librdkafka's statistics it gives the per-partition lag.
-    committed: Mutex<HashMap<Tp, i64>>,
+    /// Assigned partitions and the offsets this process committed (the ack core's shared half): the runner
+    /// commits only assigned partitions, and the committed offsets with librdkafka's end offsets give the lag.
+    ledger: Arc<Ledger>,
     topic_names: Mutex<Vec<Arc<str>>>,
 }
 
@@ -97,34 +104,18 @@ impl IntakeContext {
         tpl.elements().iter().map(|e| (self.topic(e.topic()), e.partition())).collect()
     }
 
-    /// Is this partition assigned to this worker now?
-    pub fn is_assigned(&self, tp: &Tp) -> bool {
-        self.assigned.lock().unwrap_or_else(|p| p.into_inner()).contains(tp)
-    }
-
-    pub fn assigned(&self) -> Vec<Tp> {
-        self.assigned.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
-    }
-
-    /// The offset this process last committed for `tp`.
-    pub fn committed(&self, tp: &Tp) -> Option<i64> {
-        self.committed.lock().unwrap_or_else(|p| p.into_inner()).get(tp).copied()
-    }
-
-    /// Records a successful commit (and exports it as `clinstream_kafka_committed_offset`).
-    pub fn record_committed(&self, tp: Tp, offset: i64) {
-        metrics().committed_offset.with_label_values(&[&*tp.0, &tp.1.to_string()]).set(offset);
-        self.committed.lock().unwrap_or_else(|p| p.into_inner()).insert(tp, offset);
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
     }
 
     /// Queues an item behind anything held, then hands over what fits.
-    fn push(&self, item: Intake) {
+    fn push(&self, item: KafkaIntake) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.push_back(item);
         Self::hand_over(&self.tx, &mut held);
     }
 
-    fn hand_over(tx: &mpsc::Sender<Intake>, held: &mut VecDeque<Intake>) {
+    fn hand_over(tx: &mpsc::Sender<KafkaIntake>, held: &mut VecDeque<KafkaIntake>) {
         while let Some(item) = held.pop_front() {
             match tx.try_send(item) {
                 Ok(()) => {}
@@ -147,7 +138,7 @@ impl IntakeContext {
     }
 
     /// Hands over everything held and then `item`, waiting for room until `deadline`. False on timeout.
-    fn push_all_until(&self, item: Intake, deadline: Instant) -> bool {
+    fn push_all_until(&self, item: KafkaIntake, deadline: Instant) -> bool {
         self.push(item);
         loop {
             if self.held_len() == 0 {
@@ -172,7 +163,7 @@ impl ClientContext for IntakeContext {
         // high watermark when the broker reports none) minus the committed watermark — ours when this process has
         // committed (transactional commits never reach librdkafka's own offset bookkeeping), else the group's
         // committed offset as librdkafka fetched it on assignment.
-        let assigned = self.assigned();
+        let assigned = self.ledger.assigned();
         for (name, topic) in &statistics.topics {
             for (id, p) in &topic.partitions {
                 let tp: Tp = (self.topic(name), *id);
@@ -180,7 +171,7 @@ impl ClientContext for IntakeContext {
                     continue;
                 }
                 let end = if p.ls_offset >= 0 { p.ls_offset } else { p.hi_offset };
-                let committed = self.committed(&tp).or((p.committed_offset >= 0).then_some(p.committed_offset));
+                let committed = self.ledger.committed(&tp).or((p.committed_offset >= 0).then_some(p.committed_offset));
                 let lag = match committed {
                     Some(c) if end >= 0 => (end - c).max(0),
                     _ if p.consumer_lag >= 0 => p.consumer_lag,
@@ -224,11 +215,7 @@ impl ConsumerContext for IntakeContext {
             Rebalance::Assign(tpl) => {
                 let partitions = self.tps(tpl);
                 metrics().rebalances.with_label_values(&["assign"]).inc();
-                {
-                    let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
-                    assigned.extend(partitions.iter().cloned());
-                    metrics().assigned.set(assigned.len() as i64);
-                }
+                metrics().assigned.set(self.ledger.assign(&partitions) as i64);
                 info!(partitions = partitions.len(), "Partitions assigned.");
                 if self.paused.load(Ordering::SeqCst) && tpl.count() > 0 {
                     let _ = consumer.pause(tpl);
@@ -243,15 +230,14 @@ impl ConsumerContext for IntakeContext {
 
 impl IntakeContext {
     fn forget(&self, partitions: &[Tp]) {
-        let mut assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        let left = self.ledger.revoke(partitions);
         for tp in partitions {
-            assigned.remove(tp);
             // A partition that moved to another worker is that worker's to report.
             let labels = [&*tp.0, &tp.1.to_string()];
             let _ = metrics().consumer_lag.remove_label_values(&labels);
             let _ = metrics().committed_offset.remove_label_values(&labels);
         }
-        metrics().assigned.set(assigned.len() as i64);
+        metrics().assigned.set(left as i64);
     }
 }
 
@@ -269,19 +255,9 @@ impl IntakeHandle {
         self.consumer.context()
     }
 
-    /// Asks the poll thread to stop taking records; the consumer stays open for the final commit.
-    pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-
-    /// The poll thread, to join after `request_stop` (while still answering its requests).
-    pub fn take_thread(&mut self) -> Option<JoinHandle<()>> {
-        self.thread.take()
-    }
-
     /// Stops polling and waits for the poll thread.
     pub fn stop_intake(&mut self) {
-        self.request_stop();
+        self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -296,8 +272,27 @@ impl IntakeHandle {
     }
 }
 
+impl super::IntakeControl for IntakeHandle {
+    /// Asks the poll thread to stop taking records; the consumer stays open for the final commit.
+    fn request_stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// A revocation may be waiting for its answer while the poll thread stops.
+    fn answers_requests(&self) -> bool {
+        true
+    }
+
+    fn take_thread(&mut self, _interrupted: bool) -> Option<JoinHandle<()>> {
+        self.thread.take()
+    }
+}
+
 /// Subscribes and starts the poll thread. Records arrive on the returned channel in partition order.
-pub fn start(settings: &Settings) -> Result<(IntakeHandle, mpsc::Receiver<Intake>), String> {
+pub fn start(
+    settings: &Settings,
+    ledger: &Arc<Ledger>,
+) -> Result<(IntakeHandle, mpsc::Receiver<KafkaIntake>), RunError> {
     let k = &settings.kafka;
     let mut config = client_config(k, &std::collections::BTreeMap::new());
     config
@@ -324,13 +319,13 @@ pub fn start(settings: &Settings) -> Result<(IntakeHandle, mpsc::Receiver<Intake
         drain_timeout: Duration::from_millis(k.drain_timeout_ms),
         closing: AtomicBool::new(false),
         paused: AtomicBool::new(false),
-        assigned: Mutex::new(BTreeSet::new()),
-        committed: Mutex::new(HashMap::new()),
+        ledger: Arc::clone(ledger),
         topic_names: Mutex::new(Vec::new()),
     };
-    let consumer: IntakeConsumer = config.create_with_context(context).map_err(|e| format!("kafka consumer: {e}"))?;
+    let consumer: IntakeConsumer =
+        config.create_with_context(context).map_err(|e| RunError::Config(format!("kafka consumer: {e}")))?;
     let topics: Vec<&str> = k.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics).map_err(|e| format!("kafka subscribe: {e}"))?;
+    consumer.subscribe(&topics).map_err(|e| RunError::Config(format!("kafka subscribe: {e}")))?;
     let consumer = Arc::new(consumer);
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
@@ -340,7 +335,7 @@ pub fn start(settings: &Settings) -> Result<(IntakeHandle, mpsc::Receiver<Intake
         std::thread::Builder::new()
             .name("clinstream-intake".into())
             .spawn(move || poll_loop(&consumer, &stop, pause_after))
-            .map_err(|e| format!("starting the intake thread: {e}"))?
+            .map_err(|e| RunError::Config(format!("starting the intake thread: {e}")))?
     };
     Ok((IntakeHandle { consumer, stop, thread: Some(thread) }, rx))
 }
@@ -376,7 +371,7 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
                     offset: message.offset(),
                     message,
                 };
-                ctx.push(Intake::Record(Arc::new(record)));
+                ctx.push(Intake::Record(record));
             }
             Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) => {
                 warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %e, "Kafka poll error.");

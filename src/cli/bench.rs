@@ -216,20 +216,16 @@ pub fn embed(
     pipeline: &Pipeline,
     events: &[Vec<u8>],
     runs: usize,
-) -> Result<EmbedBench, String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let embedder = crate::embed::Embedder::start(&settings.embed).map_err(|e| e.0)?;
+) -> anyhow::Result<EmbedBench> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let embedder = crate::embed::Embedder::start(&settings.embed)?;
     let per_note = embed_inputs(pipeline, events, &embedder);
     let all: Vec<Vec<u32>> = per_note.iter().flatten().cloned().collect();
     let tokens: usize = all.iter().map(Vec::len).sum();
     let in_flight = settings.pipeline.in_flight;
     let (mut best_worker, mut best_bare) = (0f64, 0f64);
     for _ in 0..runs.max(1) {
-        let (bare_tokens, took) = crate::embed::bare_loop(&settings.embed, &all).map_err(|e| e.0)?;
+        let (bare_tokens, took) = crate::embed::bare_loop(&settings.embed, &all)?;
         best_bare = best_bare.max(bare_tokens as f64 / took.as_secs_f64());
         let took = rt.block_on(async {
             let clock = Instant::now();
@@ -246,9 +242,9 @@ pub fn embed(
                 }));
             }
             for t in tasks {
-                t.await.map_err(|e| e.to_string())?.map_err(|e| e.0)?;
+                t.await??;
             }
-            Ok::<_, String>(clock.elapsed())
+            Ok::<_, anyhow::Error>(clock.elapsed())
         })?;
         best_worker = best_worker.max(tokens as f64 / took.as_secs_f64());
     }

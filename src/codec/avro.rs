@@ -12,14 +12,21 @@
 use apache_avro::Schema;
 use apache_avro::types::Value;
 
-use crate::model::Document;
-use crate::sink::DeadLetter;
-use crate::sink::records::WORKER_VERSION;
-use crate::stages::clear::{VariableResult, Window};
+use crate::WORKER_VERSION;
+use crate::model::{DeadLetter, Document, VariableResult, Window};
 
 pub const VARIABLES_SCHEMA: &str = include_str!("../../schemas/clinstream.variables.v1.avsc");
 pub const KG_SCHEMA: &str = include_str!("../../schemas/clinstream.kg.v1.avsc");
 pub const DLQ_SCHEMA: &str = include_str!("../../schemas/clinstream.dlq.v1.avsc");
+
+/// A record could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame header does not match the schema")]
+    Frame,
+    #[error(transparent)]
+    Avro(#[from] apache_avro::Error),
+}
 
 /// How encoded records are framed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,17 +83,16 @@ impl Encoder {
     /// Strips and checks the frame header, then decodes the datum (for tests and tools). A record in the
     /// Confluent wire format is read with this encoder's schema whatever its id (the tools read topics this worker
     /// wrote; a registry-aware consumer resolves the id instead).
-    pub fn decode(&self, bytes: &[u8]) -> Result<Value, String> {
+    pub fn decode(&self, bytes: &[u8]) -> Result<Value, DecodeError> {
         let body = match bytes.strip_prefix(self.header.as_slice()) {
             Some(body) => body,
             None if bytes.len() >= 5 && bytes[0] == 0 => &bytes[5..],
-            None => return Err("frame header does not match the schema".into()),
+            None => return Err(DecodeError::Frame),
         };
         let mut reader = body;
-        apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
+        Ok(apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
             .build()
-            .and_then(|r| r.read_value(&mut reader))
-            .map_err(|e| e.to_string())
+            .and_then(|r| r.read_value(&mut reader))?)
     }
 }
 
@@ -150,10 +156,10 @@ pub fn variable_value(doc: &Document, v: &VariableResult, lexicon_version: &str,
     let evidence =
         v.evidence.iter().map(|w| window(w, include_text.then(|| n.text.get(w.start..w.end)).flatten())).collect();
     let label_index = match v.label {
-        crate::stages::clear::Label::Present => 0,
-        crate::stages::clear::Label::Absent => 1,
-        crate::stages::clear::Label::Uncertain => 2,
-        crate::stages::clear::Label::NotMentioned => 3,
+        crate::model::Label::Present => 0,
+        crate::model::Label::Absent => 1,
+        crate::model::Label::Uncertain => 2,
+        crate::model::Label::NotMentioned => 3,
     };
     record(vec![
         ("doc_id", string(&n.doc_id)),
@@ -174,7 +180,7 @@ pub fn variable_value(doc: &Document, v: &VariableResult, lexicon_version: &str,
 }
 
 /// The `clinstream.kg.v1` record of one document (serde mapping; the delta holds strings, enums and arrays).
-pub fn kg_value(delta: &crate::stages::kg::KgDelta) -> Result<Value, apache_avro::Error> {
+pub fn kg_value(delta: &crate::model::KgDelta) -> Result<Value, apache_avro::Error> {
     apache_avro::to_value(delta)
 }
 
@@ -273,7 +279,7 @@ mod tests {
             assert_eq!(field(&vars.decode(&bytes).unwrap(), "variable"), &Value::String(v.variable.clone()));
         }
         let kg = Encoder::new(KG_SCHEMA, Framing::SingleObject).unwrap();
-        let delta = doc.kg.as_ref().unwrap();
+        let delta = &doc.kg;
         let back = kg.decode(&kg.encode(kg_value(delta).unwrap()).unwrap()).unwrap();
         let Value::Array(nodes) = field(&back, "nodes") else { panic!() };
         assert_eq!(nodes.len(), delta.nodes.len());

@@ -5,12 +5,12 @@
 //! `kafka.transactions` it is transactional and each commit interval is one transaction holding the outputs
 //! and the consumer offsets (`send_offsets_to_transaction`).
 //!
-//! `commit` is where the ack model lives: without transactions it first waits until every record handed to the
-//! producer so far is delivered, then stores and commits the watermarks; a delivery that fails after
+//! `checkpoint` is the outputs side of the ack core (`crate::ack`): without transactions it first waits until every
+//! record handed to the producer so far is delivered, then commits the watermarks the ack core hands out; a delivery that fails after
 //! librdkafka's retries (`message.timeout.ms` = `kafka.halt_after_ms`) halts the worker before anything is
 //! committed, so the affected events are redelivered after the restart.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{CommitMode, Consumer};
@@ -20,15 +20,16 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::avro::{self, Encoder, Framing, SourcePosition};
-use super::consumer::{IntakeConsumer, KafkaRecord, Tp};
-use super::{Backoff, client_config};
-use crate::app::RunError;
+use super::Outputs;
+use crate::WORKER_VERSION;
+use crate::ack::{Acks, Batch};
+use crate::backoff::Backoff;
+use crate::codec::avro::{self, Encoder, Framing, SourcePosition};
 use crate::config::Settings;
-use crate::error::ErrorCode;
-use crate::model::Document;
-use crate::sink::DeadLetter;
-use crate::sink::records::WORKER_VERSION;
+use crate::error::{ErrorCode, RunError};
+use crate::kafka::client_config;
+use crate::model::{DeadLetter, Document};
+use crate::source::kafka::{IntakeConsumer, KafkaRecord};
 use crate::telemetry::metrics::metrics;
 
 /// Header names added to dead letters (next to the original headers).
@@ -59,8 +60,10 @@ impl Out {
     }
 }
 
+/// Kafka mode's outputs side: the producer, the encoders, and the consumer it commits through.
 pub struct Output {
     producer: FutureProducer,
+    consumer: Arc<IntakeConsumer>,
     transactional: bool,
     /// Deliveries not yet confirmed, oldest first.
     deliveries: Vec<(Out, DeliveryFuture)>,
@@ -76,11 +79,16 @@ pub struct Output {
 }
 
 fn halt(code: ErrorCode, detail: impl Into<String>) -> RunError {
-    RunError::Kafka { code, detail: detail.into() }
+    RunError::halt(code, detail)
 }
 
 impl Output {
-    pub async fn new(settings: &Settings, lexicon_version: &str, framing: [Framing; 3]) -> Result<Self, RunError> {
+    pub async fn new(
+        settings: &Settings,
+        lexicon_version: &str,
+        framing: [Framing; 3],
+        consumer: Arc<IntakeConsumer>,
+    ) -> Result<Self, RunError> {
         let k = &settings.kafka;
         let mut config = client_config(k, &std::collections::BTreeMap::new());
         // librdkafka requires message.timeout.ms <= transaction.timeout.ms (60 s unless configured).
@@ -104,6 +112,7 @@ impl Output {
             |schema: &str, f: Framing| Encoder::new(schema, f).map_err(|e| RunError::Config(format!("schema: {e}")));
         let mut output = Output {
             producer,
+            consumer,
             transactional: k.transactions,
             deliveries: Vec::new(),
             in_transaction: 0,
@@ -122,10 +131,11 @@ impl Output {
     }
 
     async fn init_transactions(&mut self) -> Result<(), RunError> {
-        let mut backoff = Backoff::new(&self.settings);
+        let mut backoff = Backoff::kafka(&self.settings);
         loop {
             let timeout = self.op_timeout;
-            match tokio::task::block_in_place(|| self.producer.init_transactions(timeout)) {
+            let producer = self.producer.clone();
+            match blocking(move || producer.init_transactions(timeout)).await {
                 Ok(()) => break,
                 Err(e) => {
                     warn!(error = %e, "Initialising Kafka transactions failed; retrying.");
@@ -145,7 +155,7 @@ impl Output {
     }
 
     /// Sends a document's outputs: one variables record per CLEAR variable and one knowledge-graph delta.
-    pub async fn document(&mut self, doc: &Document) -> Result<(), RunError> {
+    async fn send_document(&mut self, doc: &Document) -> Result<(), RunError> {
         let key = doc.note.doc_id.as_bytes();
         for v in &doc.variables {
             let value = avro::variable_value(doc, v, &self.lexicon_version, self.include_text);
@@ -153,17 +163,14 @@ impl Output {
                 self.variables.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("variables record: {e}")))?;
             self.send(Out::Variables, Some(key), &bytes, None).await?;
         }
-        if let Some(delta) = &doc.kg {
-            let value = avro::kg_value(delta).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
-            let bytes = self.kg.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
-            self.send(Out::Kg, Some(key), &bytes, None).await?;
-        }
-        Ok(())
+        let value = avro::kg_value(&doc.kg).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
+        let bytes = self.kg.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
+        self.send(Out::Kg, Some(key), &bytes, None).await
     }
 
     /// Sends a dead letter: the original key and headers, `clinstream.*` headers, and the Avro envelope
     /// holding the original value.
-    pub async fn dead_letter(&mut self, letter: &DeadLetter, record: &KafkaRecord) -> Result<(), RunError> {
+    async fn send_dead_letter(&mut self, letter: &DeadLetter, record: &KafkaRecord) -> Result<(), RunError> {
         let m = &record.message;
         let mut hdrs = OwnedHeaders::new();
         if let Some(original) = m.headers() {
@@ -213,7 +220,7 @@ impl Output {
         if let Some(h) = headers {
             record = record.headers(h);
         }
-        let mut backoff = Backoff::new(&self.settings);
+        let mut backoff = Backoff::kafka(&self.settings);
         loop {
             match self.producer.send_result(record) {
                 Ok(delivery) => {
@@ -249,57 +256,45 @@ impl Output {
         Ok(())
     }
 
-    /// Makes the outputs sent so far durable and commits `watermarks` (next offset to read, per partition).
-    /// Partitions no longer assigned, and offsets not above what was committed, are left out.
-    pub async fn commit(
-        &mut self,
-        consumer: &IntakeConsumer,
-        watermarks: &mut HashMap<Tp, i64>,
-    ) -> Result<(), RunError> {
-        let ctx = consumer.context();
+    /// Makes the outputs sent so far durable and commits the watermarks the ack core allows (assigned
+    /// partitions, above what was committed). A commit the group refuses goes back to the ack core.
+    async fn commit(&mut self, acks: &mut Acks) -> Result<(), RunError> {
+        let batch = acks.take();
         let mut tpl = TopicPartitionList::new();
-        let mut batch = Vec::new();
-        for (tp, offset) in watermarks.drain() {
-            if !ctx.is_assigned(&tp) || ctx.committed(&tp).is_some_and(|c| c >= offset) {
-                continue;
-            }
-            tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(offset))
+        for (tp, offset) in &batch {
+            tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(*offset))
                 .map_err(|e| halt(ErrorCode::CommitFailed, format!("offset list: {e}")))?;
-            batch.push((tp, offset));
         }
         if self.transactional {
             if self.in_transaction == 0 && batch.is_empty() {
                 return Ok(());
             }
-            self.commit_transaction(consumer, &tpl).await?;
+            self.commit_transaction(&tpl).await?;
         } else {
             self.await_deliveries().await?;
             if batch.is_empty() {
                 return Ok(());
             }
-            if !self.commit_offsets(consumer, &tpl).await? {
+            if !self.commit_offsets(&tpl).await? {
                 // The group refused it (a rebalance). Nothing is recorded as committed, and the watermarks go back:
                 // a partition that stays ours is committed at the next tick even when no further document arrives
                 // on it (its documents are finished, so committing them is safe); one that moved is dropped then.
-                for (tp, offset) in batch {
-                    let w = watermarks.entry(tp).or_insert(offset);
-                    *w = (*w).max(offset);
-                }
+                acks.refused(batch);
                 return Ok(());
             }
         }
-        for (tp, offset) in batch {
-            ctx.record_committed(tp, offset);
-        }
+        acks.committed(&batch);
+        record_committed_metrics(&batch);
         Ok(())
     }
 
     /// Commits `tpl`; `Ok(false)` when the group refused it because a rebalance took the partitions.
-    async fn commit_offsets(&mut self, consumer: &IntakeConsumer, tpl: &TopicPartitionList) -> Result<bool, RunError> {
-        let _ = consumer.store_offsets(tpl);
-        let mut backoff = Backoff::new(&self.settings);
+    async fn commit_offsets(&mut self, tpl: &TopicPartitionList) -> Result<bool, RunError> {
+        let _ = self.consumer.store_offsets(tpl);
+        let mut backoff = Backoff::kafka(&self.settings);
         loop {
-            match tokio::task::block_in_place(|| consumer.commit(tpl, CommitMode::Sync)) {
+            let (consumer, offsets) = (Arc::clone(&self.consumer), tpl.clone());
+            match blocking(move || consumer.commit(&offsets, CommitMode::Sync)).await {
                 Ok(()) => {
                     metrics().commits.with_label_values(&["ok"]).inc();
                     return Ok(true);
@@ -323,25 +318,26 @@ impl Output {
         }
     }
 
-    async fn commit_transaction(
-        &mut self,
-        consumer: &IntakeConsumer,
-        tpl: &TopicPartitionList,
-    ) -> Result<(), RunError> {
+    async fn commit_transaction(&mut self, tpl: &TopicPartitionList) -> Result<(), RunError> {
         let timeout = self.op_timeout;
-        let mut backoff = Backoff::new(&self.settings);
+        let mut backoff = Backoff::kafka(&self.settings);
         if tpl.count() > 0 {
-            let cgm =
-                consumer.group_metadata().ok_or_else(|| halt(ErrorCode::CommitFailed, "no consumer group metadata"))?;
+            let cgm = Arc::new(
+                self.consumer
+                    .group_metadata()
+                    .ok_or_else(|| halt(ErrorCode::CommitFailed, "no consumer group metadata"))?,
+            );
             loop {
-                match tokio::task::block_in_place(|| self.producer.send_offsets_to_transaction(tpl, &cgm, timeout)) {
+                let (producer, offsets, cgm) = (self.producer.clone(), tpl.clone(), Arc::clone(&cgm));
+                match blocking(move || producer.send_offsets_to_transaction(&offsets, &cgm, timeout)).await {
                     Ok(()) => break,
                     Err(e) => self.transaction_failed("send_offsets_to_transaction", e, &mut backoff).await?,
                 }
             }
         }
         loop {
-            match tokio::task::block_in_place(|| self.producer.commit_transaction(timeout)) {
+            let producer = self.producer.clone();
+            match blocking(move || producer.commit_transaction(timeout)).await {
                 Ok(()) => break,
                 Err(e) => self.transaction_failed("commit_transaction", e, &mut backoff).await?,
             }
@@ -371,7 +367,8 @@ impl Output {
         }
         if abortable {
             let timeout = self.op_timeout;
-            let _ = tokio::task::block_in_place(|| self.producer.abort_transaction(timeout));
+            let producer = self.producer.clone();
+            let _ = blocking(move || producer.abort_transaction(timeout)).await;
         }
         Err(halt(ErrorCode::CommitFailed, format!("{what}: {e}")))
     }
@@ -379,14 +376,47 @@ impl Output {
     /// On a halt: aborts the open transaction (best effort; a restarted worker with the same transactional id
     /// fences it anyway). Without transactions, records already sent may still be delivered — they are
     /// idempotent by key and reproduced after the restart.
-    pub fn abort(&mut self) {
+    pub async fn abort(&mut self) {
         if self.transactional {
             let started = Instant::now();
             let timeout = self.op_timeout;
-            if let Err(e) = tokio::task::block_in_place(|| self.producer.abort_transaction(timeout)) {
+            let producer = self.producer.clone();
+            if let Err(e) = blocking(move || producer.abort_transaction(timeout)).await {
                 warn!(error = %e, took_ms = started.elapsed().as_millis() as u64, "Could not abort the transaction.");
             }
         }
+    }
+}
+
+/// Kafka mode's outputs: documents and dead letters to the producer; a checkpoint commits.
+impl Outputs<KafkaRecord> for Output {
+    async fn document(&mut self, doc: &Document, _record: &KafkaRecord) -> Result<(), RunError> {
+        self.send_document(doc).await
+    }
+
+    async fn dead_letter(&mut self, letter: &DeadLetter, record: Option<&KafkaRecord>) -> Result<(), RunError> {
+        match record {
+            Some(record) => self.send_dead_letter(letter, record).await,
+            None => Err(halt(ErrorCode::SinkIo, "a Kafka dead letter without its record")),
+        }
+    }
+
+    async fn checkpoint(&mut self, acks: &mut Acks) -> Result<(), RunError> {
+        self.commit(acks).await
+    }
+}
+
+/// Runs a blocking librdkafka call (commit, transaction step) on the blocking pool, off the async workers.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    tokio::task::spawn_blocking(call).await.unwrap_or(Err(KafkaError::Canceled))
+}
+
+/// Exports committed offsets as `clinstream_kafka_committed_offset`.
+fn record_committed_metrics(batch: &Batch) {
+    for (tp, offset) in batch {
+        metrics().committed_offset.with_label_values(&[&*tp.0, &tp.1.to_string()]).set(*offset);
     }
 }
 

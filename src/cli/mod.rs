@@ -1,0 +1,491 @@
+//! The `clinstream` command line: parsing (clap), dispatch, and the tools that are not the worker — `produce`
+//! (events onto a topic), `search`, `bench`, `docs` (explain, the errors table), `kg materialize`. The top layer:
+//! it may use every module below; nothing imports it. Start-up errors are reported with context (this is the
+//! only place that uses `anyhow`); exit statuses are documented in docs/errors.md.
+
+pub mod bench;
+pub mod docs;
+pub mod produce;
+pub mod search;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::app::{self, RunOptions};
+use crate::config::Settings;
+use crate::source::file::Input;
+
+/// Exit status when the run finished but dead-lettered at least one event.
+const EXIT_DEAD_LETTERS: u8 = 3;
+
+#[derive(Parser)]
+#[command(name = "clinstream", version, about = "Clinical notes (FHIR DocumentReference) to structured data")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Process DocumentReference events: from files, directories or stdin into DIR (--input), or from Kafka
+    /// into the output topics (no --input, `kafka.enabled = true`; runs until SIGTERM/SIGINT).
+    Run {
+        /// Configuration file (TOML), layered over the built-in defaults; CLINSTREAM__* env vars override it.
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        /// NDJSON / Bundle / Bulk-FHIR file, a directory, or `-` for stdin. Repeatable.
+        #[arg(long, short, num_args = 1..)]
+        input: Vec<String>,
+        /// Output directory (notes.ndjson, dead_letters.ndjson).
+        #[arg(long, short, default_value = "out")]
+        out: PathBuf,
+        /// Write note text into the outputs (off by default: outputs hold offsets, not PHI).
+        #[arg(long)]
+        include_text: bool,
+        /// Do not draw a progress bar.
+        #[arg(long)]
+        no_progress: bool,
+        /// Text stages only: no chunk embedding and no vector store (same as `embed.enabled = false`).
+        #[arg(long)]
+        no_embed: bool,
+    },
+    /// Search the indexed chunks (dense + BM25 fused by RRF) in the configured store — by default the embedded
+    /// store that `clinstream run` writes (`store.path`, relative to the working directory).
+    Search {
+        /// What to look for.
+        #[arg(long, short)]
+        query: String,
+        /// Only this patient's chunks (the FHIR reference as indexed, e.g. `Patient/123`).
+        #[arg(long)]
+        patient: Option<String>,
+        /// Only chunks of this section (canonical name, e.g. `assessment_and_plan`).
+        #[arg(long)]
+        section: Option<String>,
+        #[arg(long, short = 'k', default_value_t = 5)]
+        top: usize,
+        /// Print the hits with their whole payload as JSON lines.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Publish DocumentReference events (NDJSON, Bundles, Bulk-FHIR, `-` for stdin) onto a Kafka topic, keyed by
+    /// resource id, using the `kafka.*` connection settings.
+    Produce {
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long, short, required = true, num_args = 1..)]
+        input: Vec<String>,
+        /// Topic (default: the first of `kafka.topics`).
+        #[arg(long, short)]
+        topic: Option<String>,
+        /// Create the worker's topics first (as `kafka.create_topics` does).
+        #[arg(long)]
+        create_topics: bool,
+    },
+    /// Inspect the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Measure extraction quality on a labelled set.
+    Eval {
+        #[command(subcommand)]
+        command: EvalCommand,
+    },
+    /// Show what the text stages make of a piece of text: sections, mentions with assertions, variable labels.
+    /// For tuning vocabularies and variable definitions; prints the text you give it.
+    Explain {
+        /// The text (or `-` to read stdin).
+        #[arg(long)]
+        text: String,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Benchmark helpers (see bench/run.sh and `make bench`).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Knowledge-graph tools.
+    Kg {
+        #[command(subcommand)]
+        command: KgCommand,
+    },
+    /// List the error codes with their dispositions.
+    Errors {
+        /// Print as a Markdown table (docs/errors.md).
+        #[arg(long)]
+        markdown: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum EvalCommand {
+    /// NegEx / genConText kit: concept-in-sentence pairs with negation, temporality and experiencer labels.
+    Negex {
+        /// The kit's TSV (report, concept, sentence, negation, temporality, experiencer).
+        #[arg(long)]
+        pairs: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Print each misclassified pair to stderr (development aid; the kit is de-identified).
+        #[arg(long)]
+        show_errors: bool,
+    },
+    /// Open-i chest X-ray reports against NegBio labels (cardiomegaly, effusion, pneumonia, pneumothorax, edema).
+    Openi {
+        #[arg(long)]
+        reports: PathBuf,
+        #[arg(long)]
+        labels: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print each misclassified report to stderr (development aid).
+        #[arg(long)]
+        show_errors: bool,
+    },
+    /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
+    KgSynthea {
+        /// A Synthea bulk-FHIR export directory (DocumentReference, Condition, MedicationRequest .000.ndjson).
+        #[arg(long)]
+        fhir: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// SDOH-NLI smoking and alcohol statements.
+    Sdoh {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print each misjudged statement to stderr (development aid).
+        #[arg(long)]
+        show_errors: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Time the text stages on a CSV of notes (MTSamples: column `transcription`) and print JSON.
+    Text {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Threads for the all-cores run (default: one per core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Also write the variables' target terms (JSON) for the medSpaCy side of the comparison.
+        #[arg(long)]
+        targets_out: Option<PathBuf>,
+    },
+    /// Embedding tokens/s inside the worker (handle, batching thread) against a bare ONNX Runtime loop over the
+    /// same model, inputs, batch plan and threads; prints JSON with the ratio. Uses the `embed.*` settings
+    /// (`--config` or CLINSTREAM__EMBED__EXECUTION_PROVIDER=cuda for the GPU).
+    Embed {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        /// Notes to take from the CSV.
+        #[arg(long, default_value_t = 200)]
+        limit: usize,
+        /// Alternating runs of each side; the best of each is kept.
+        #[arg(long, default_value_t = 2)]
+        runs: usize,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KgCommand {
+    /// Apply knowledge-graph deltas in order and write the resulting graph (graph.json, graph.graphml).
+    Materialize {
+        /// kg.ndjson written by `clinstream run` in file mode.
+        #[arg(long, required_unless_present = "topic", conflicts_with = "topic")]
+        input: Option<PathBuf>,
+        /// A Kafka topic of Avro deltas (`clinstream.kg.v1`), read from the beginning to its current end with the
+        /// `kafka.*` connection settings.
+        #[arg(long)]
+        topic: Option<String>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long, short)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration (defaults ← file ← environment), secrets redacted.
+    Print {
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+/// Parses the command line and runs the command; the exit status of `clinstream`.
+pub fn main() -> ExitCode {
+    match real_main(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run { config, input, out, include_text, no_progress, no_embed } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            if no_embed {
+                settings.embed.enabled = false;
+            }
+            crate::telemetry::init_logging(&settings.log)?;
+            let runtime = runtime(&settings)?;
+            if input.is_empty() {
+                anyhow::ensure!(
+                    settings.kafka.enabled,
+                    "nothing to read: give --input PATH (files) or set kafka.enabled = true (see docs/kafka.md)"
+                );
+                let summary = runtime
+                    .block_on(async { app::run_kafka(&settings, shutdown_signal()).await })
+                    .context("the worker halted")?;
+                print!("{summary}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let opts = RunOptions {
+                inputs: input.iter().map(|i| Input::parse(i)).collect(),
+                out_dir: out,
+                include_text,
+                progress: !no_progress,
+            };
+            let summary = runtime
+                .block_on(async { app::run_files(&settings, opts, shutdown_signal()).await })
+                .context("the run halted")?;
+            print!("{summary}");
+            Ok(if summary.dead_lettered() > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
+        }
+        Command::Produce { config, input, topic, create_topics } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            crate::telemetry::init_logging(&settings.log)?;
+            let topic = topic
+                .or_else(|| settings.kafka.topics.iter().find(|t| !t.starts_with('^')).cloned())
+                .context("no --topic and no literal topic in kafka.topics")?;
+            let inputs: Vec<Input> = input.iter().map(|i| Input::parse(i)).collect();
+            let summary = runtime(&settings)?.block_on(async {
+                if create_topics {
+                    crate::kafka::admin::ensure_topics(&settings.kafka).await?;
+                }
+                produce::produce(&settings, &inputs, &topic).await
+            })?;
+            println!(
+                "sent {} events to {topic} ({} without an id key, {} over 16 MiB skipped)",
+                summary.sent, summary.without_key, summary.skipped_oversized
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Search { query, patient, section, top, json, config } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            settings.log.level = "warn".into();
+            crate::telemetry::init_logging(&settings.log)?;
+            let hits = runtime(&settings)?.block_on(search::search(
+                &settings,
+                &query,
+                patient.as_deref(),
+                section.as_deref(),
+                top.max(1),
+            ))?;
+            print!("{}", search::render(&hits, json));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { command: ConfigCommand::Print { config } } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            print!("{}", settings.redacted_toml());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::Negex { pairs, json, show_errors } } => {
+            let r = crate::eval::negex::run(&pairs, show_errors).context("evaluating on the NegEx kit")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "negation   P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
+                    r.negation.precision,
+                    r.negation.recall,
+                    r.negation.f1,
+                    r.negation.tp,
+                    r.negation.fp,
+                    r.negation.fn_
+                );
+                println!("temporality accuracy {:.3}", r.temporality.accuracy);
+                println!("experiencer accuracy {:.3}", r.experiencer.accuracy);
+                println!("n {}  (concept not found: {})", r.n, r.concept_not_found);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::Openi { reports, labels, config, json, show_errors } } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let r =
+                crate::eval::openi::run(&pipeline, &reports, &labels, show_errors).context("evaluating on Open-i")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (v, p) in &r.per_variable {
+                    println!(
+                        "{v:<18} P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
+                        p.precision, p.recall, p.f1, p.tp, p.fp, p.fn_
+                    );
+                }
+                println!("macro F1 {:.3}  n {}", r.macro_f1, r.n);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::KgSynthea { fhir, config } } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let r = crate::eval::kg_synthea::run(&pipeline, &fhir).context("checking the graph against Synthea")?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval { command: EvalCommand::Sdoh { csv, config, json, show_errors } } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let r = crate::eval::sdoh::run(&pipeline, &csv, show_errors).context("evaluating on SDOH-NLI")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (h, s) in &r.per_hypothesis {
+                    println!("{h:<48} accuracy {:.3}  (n {})", s.accuracy, s.n);
+                }
+                println!("accuracy {:.3}  n {}", r.accuracy, r.n);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Explain { text, config } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let text = if text == "-" { std::io::read_to_string(std::io::stdin())? } else { text };
+            print!("{}", docs::explain(&pipeline, text));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Embed { csv, column, limit, runs, config } } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let events = bench::events(&csv, &column, Some(limit)).context("reading the corpus")?;
+            let r = bench::embed(&settings, &pipeline, &events, runs)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Text { csv, column, limit, threads, targets_out } } => {
+            let (settings, pipeline) = pipeline(None)?;
+            if let Some(path) = targets_out {
+                std::fs::write(&path, serde_json::to_string(&bench::target_terms(&pipeline))?)?;
+            }
+            let events = bench::events(&csv, &column, limit).context("reading the corpus")?;
+            let threads = threads.unwrap_or_else(|| settings.worker_threads());
+            let r = bench::text(&pipeline, &events, threads, settings.clear.token_budget);
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Kg { command: KgCommand::Materialize { input, topic, config, out } } => {
+            let deltas: Vec<crate::model::KgDelta> = match (input, topic) {
+                (Some(input), _) => {
+                    let text =
+                        std::fs::read_to_string(&input).with_context(|| format!("reading {}", input.display()))?;
+                    let mut deltas = Vec::new();
+                    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                        deltas.push(serde_json::from_str(line).with_context(|| {
+                            format!("{}: line {} is not a knowledge-graph delta", input.display(), i + 1)
+                        })?);
+                    }
+                    deltas
+                }
+                (None, Some(topic)) => {
+                    let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+                    produce::read_kg_topic(&settings, &topic)?
+                }
+                (None, None) => anyhow::bail!("give --input FILE or --topic T"),
+            };
+            let mut graph = crate::kg::Graph::default();
+            let (mut applied, mut ignored) = (0, 0);
+            for delta in &deltas {
+                if graph.apply(delta) { applied += 1 } else { ignored += 1 }
+            }
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            std::fs::write(out.join("graph.json"), serde_json::to_string_pretty(&graph.to_json())?)?;
+            std::fs::write(out.join("graph.graphml"), graph.to_graphml())?;
+            println!(
+                "applied {applied} deltas ({ignored} ignored as stale or replaced): {} nodes, {} edges -> {}",
+                graph.node_count(),
+                graph.edge_count(),
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Errors { markdown } => {
+            print!("{}", docs::errors_table(markdown));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
+fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(settings.worker_threads() + 1)
+        .thread_name("clinstream")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn pipeline(config: Option<&std::path::Path>) -> anyhow::Result<(Settings, crate::stages::Pipeline)> {
+    let settings = Settings::load(config).context("loading configuration")?;
+    let pipeline = crate::stages::Pipeline::new(&settings)?;
+    Ok((settings, pipeline))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called (inside the runtime), not
+/// when first awaited, so a signal during start-up is not lost (nor fatal): the run stops as soon as it starts.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    #[cfg(unix)]
+    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut term, mut int) = (term, int);
+            let term = async {
+                match term.as_mut() {
+                    Some(t) => drop(t.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(i) => drop(i.recv().await),
+                    None => drop(tokio::signal::ctrl_c().await),
+                }
+            };
+            tokio::select! {
+                _ = term => {}
+                _ = int => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,28 @@
+//! The process's health flags, set by the parts that know and read by the HTTP endpoints (`crate::http`):
+//! readiness (start-up done) and whether the vector store answers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Shared readiness flag (start-up done), combined with the store's state when read.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+/// False while the indexer retries an unavailable vector store (one store per process).
+static STORE_REACHABLE: AtomicBool = AtomicBool::new(true);
+
+/// Called by the indexer: false when a store call failed transiently, true when one succeeded.
+pub fn set_store_reachable(reachable: bool) {
+    STORE_REACHABLE.store(reachable, Ordering::SeqCst);
+}
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+
+    /// Ready: start-up done and the store answering.
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst) && STORE_REACHABLE.load(Ordering::SeqCst)
+    }
+}

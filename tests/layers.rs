@@ -1,0 +1,152 @@
+//! The crate's layer order (docs/architecture.md, `src/lib.rs`): every module imports only from modules in
+//! lower layers or its own top-level module, so the import graph has no cycles and no upward arrows. This reads
+//! every `crate::…` and `super::…` path in `src/` (tests inside `#[cfg(test)] mod tests` excluded) and fails
+//! with the offending file and path.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Lowest first. Modules on one line are one layer (they may not import each other either way... except as
+/// listed): here every layer holds one module.
+const LAYERS: &[&str] = &[
+    "config",
+    "error",
+    "backoff",
+    "telemetry",
+    "model",
+    "lexicon",
+    "stages",
+    "codec",
+    "embed",
+    "store",
+    "index",
+    "kafka",
+    "ack",
+    "source",
+    "sink",
+    "runner",
+    "http",
+    "app",
+    "kg",
+    "eval",
+    "cli",
+];
+
+fn rank(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|m| *m == module)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`src/source/kafka.rs` → `source`); `None` for the crate root files.
+fn owner(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
+    let name = first.trim_end_matches(".rs").to_string();
+    (name != "lib" && name != "main").then_some(name)
+}
+
+/// Top-level modules named by `crate::` paths in `code`: `crate::a::…` and `crate::{a, b::…}`.
+fn crate_refs(code: &str) -> BTreeSet<String> {
+    let mut refs = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            // Top-level names inside the braces: those at nesting depth 0, each before `::` or `,`.
+            let mut depth = 0;
+            let mut start = 0;
+            let inner = &group[..end];
+            for (j, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        push_head(&inner[start..j], &mut refs);
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+            push_head(&inner[start..], &mut refs);
+        } else {
+            push_head(rest, &mut refs);
+        }
+    }
+    refs
+}
+
+fn push_head(path: &str, refs: &mut BTreeSet<String>) {
+    let head: String = path.trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    if !head.is_empty() && head.chars().next().is_some_and(|c| c.is_ascii_lowercase()) {
+        refs.insert(head);
+    }
+}
+
+/// The code of a file without its comments and its unit-test module (tests may reach anywhere).
+fn without_tests(code: &str) -> String {
+    let code = match code.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &code[..i],
+        None => code,
+    };
+    code.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn no_module_imports_from_a_higher_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut problems = Vec::new();
+    let mut seen_modules = BTreeSet::new();
+    for file in &files {
+        let Some(module) = owner(&src, file) else { continue };
+        seen_modules.insert(module.clone());
+        let Some(own) = rank(&module) else {
+            problems.push(format!("{}: module `{module}` is not in the layer list", file.display()));
+            continue;
+        };
+        let code = std::fs::read_to_string(file).unwrap();
+        for target in crate_refs(&without_tests(&code)) {
+            if target == module || target == "WORKER_VERSION" {
+                continue;
+            }
+            match rank(&target) {
+                Some(t) if t < own => {}
+                Some(_) => {
+                    problems.push(format!("{}: `{module}` imports `crate::{target}` (a higher layer)", file.display()))
+                }
+                None => problems.push(format!("{}: `crate::{target}` is not a known module", file.display())),
+            }
+        }
+    }
+    assert!(problems.is_empty(), "layering violations:\n{}", problems.join("\n"));
+    for m in LAYERS {
+        assert!(seen_modules.contains(*m), "layer `{m}` has no source file (update LAYERS)");
+    }
+}
+
+#[test]
+fn config_imports_nothing_from_the_crate() {
+    let code = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config.rs")).unwrap();
+    let refs = crate_refs(&without_tests(&code));
+    assert!(refs.is_empty(), "config.rs imports {refs:?}");
+}
+
+#[test]
+fn the_reader_itself_finds_paths() {
+    let refs =
+        crate_refs("use crate::model::{A, B};\nuse crate::{ack::Acks, error::{E, F}, runner};\nx(crate::stages::f())");
+    assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["ack", "error", "model", "runner", "stages"]);
+}
