@@ -62,7 +62,15 @@ fn crate_refs(code: &str) -> BTreeSet<String> {
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
         if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
+            // The matching close brace (groups nest: `crate::{a::{B, C}, d}`).
+            let mut open = 1;
+            let end = group
+                .char_indices()
+                .find_map(|(j, c)| {
+                    open += i32::from(c == '{') - i32::from(c == '}');
+                    (open == 0).then_some(j)
+                })
+                .unwrap_or(group.len());
             // Top-level names inside the braces: those at nesting depth 0, each before `::` or `,`.
             let mut depth = 0;
             let mut start = 0;
