@@ -30,11 +30,6 @@ pub enum Disposition {
 pub enum Stage {
     Source,
     Decode,
-    Sections,
-    Sentences,
-    Sink,
-    Startup,
-    Commit,
     Index,
 }
 
@@ -43,11 +38,6 @@ impl Stage {
         match self {
             Stage::Source => "source",
             Stage::Decode => "decode",
-            Stage::Sections => "sections",
-            Stage::Sentences => "sentences",
-            Stage::Sink => "sink",
-            Stage::Startup => "startup",
-            Stage::Commit => "commit",
             Stage::Index => "index",
         }
     }

@@ -162,3 +162,25 @@ impl Pipeline {
         Ok(doc)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_only_the_stages_know_are_checked_when_the_pipeline_is_built() {
+        let env = [
+            ("CLINSTREAM__SECTIONS__WEIGHTS__NOT_A_SECTION", "0.5"),
+            ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "application/pdf"),
+        ];
+        let settings =
+            Settings::load_from(None, Some(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
+                .expect("config.rs itself does not know these names");
+        let msg = Pipeline::new(&settings).unwrap_err().to_string();
+        for key in ["sections.weights.not_a_section: unknown section name", "decode.content_type_preference[0]"] {
+            assert!(msg.contains(key), "missing {key} in {msg}");
+        }
+        let defaults = Settings::load_from(None, Some(Default::default())).unwrap();
+        assert!(check_names(&defaults).is_ok());
+    }
+}
