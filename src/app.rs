@@ -74,14 +74,15 @@ pub fn spawn_document(
                 });
             }
         };
-        if let Some(indexer) = indexer {
-            let clock = Instant::now();
-            if let Err(error) = indexer.index(&doc).await {
-                return Err(Rejected { error, doc_id: Some(doc.note.doc_id.clone()) });
-            }
-            metrics().stage_duration.with_label_values(&["index"]).observe(clock.elapsed().as_secs_f64());
+        let Some(indexer) = indexer else { return Ok(doc) };
+        let clock = Instant::now();
+        let doc = Arc::new(doc);
+        if let Err(error) = indexer.index(&doc).await {
+            return Err(Rejected { error, doc_id: Some(doc.note.doc_id.clone()) });
         }
-        Ok(doc)
+        metrics().stage_duration.with_label_values(&["index"]).observe(clock.elapsed().as_secs_f64());
+        // The indexing steps are done with it, so this is the only reference left.
+        Ok(Arc::try_unwrap(doc).unwrap_or_else(|shared| (*shared).clone()))
     })
 }
 

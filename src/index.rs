@@ -32,12 +32,20 @@ use crate::telemetry::metrics::metrics;
 pub struct Indexer {
     embedder: Embedder,
     store: Arc<Store>,
+    /// The CPU side (tokenizing units, planning, BM25, payloads), shared with the blocking pool.
+    cpu: Arc<Cpu>,
+    halt_after: Duration,
+}
+
+/// What the CPU-bound steps need; they run on the blocking pool (`Indexer::on_cpu`), never on the async workers.
+struct Cpu {
+    /// For the tokenizer and the model's name (the model itself is only called from async code).
+    embedder: Embedder,
     bm25: EdgeBm25,
     params: ChunkParams,
     neighbours: usize,
     cross_sections: bool,
     compiled: Arc<crate::stages::Compiled>,
-    halt_after: Duration,
 }
 
 impl std::fmt::Debug for Indexer {
@@ -92,9 +100,8 @@ impl Indexer {
             )));
         }
         let store = Store::open(&settings.store, info.dim).await?;
-        Ok(Indexer {
-            embedder,
-            store: Arc::new(store),
+        let cpu = Cpu {
+            embedder: embedder.clone(),
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,
             params: ChunkParams {
                 strategy: if c.strategy == "fixed" { ChunkStrategy::Fixed } else { ChunkStrategy::Seos },
@@ -104,6 +111,11 @@ impl Indexer {
             neighbours: c.group_neighbours,
             cross_sections: c.cross_sections,
             compiled,
+        };
+        Ok(Indexer {
+            embedder,
+            store: Arc::new(store),
+            cpu: Arc::new(cpu),
             halt_after: Duration::from_millis(settings.store.halt_after_ms),
         })
     }
@@ -116,6 +128,108 @@ impl Indexer {
         &self.store
     }
 
+    /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
+    pub fn units(&self, doc: &Document) -> Vec<Unit> {
+        self.cpu.units(doc)
+    }
+
+    /// Plans the document's chunks (SEOS embeds the sentence groups first).
+    pub async fn chunks(&self, doc: &Document, units: &[Unit]) -> Result<Vec<Chunk>, EmbedError> {
+        let groups = self.cpu.groups(units);
+        let shifts = self.shifts(doc, &groups).await?;
+        Ok(self.cpu.plan(doc, units, &shifts))
+    }
+
+    /// SEOS: the semantic shift between each unit's sentence group and the next one's.
+    async fn shifts(&self, doc: &Document, groups: &[(usize, usize)]) -> Result<Vec<f32>, EmbedError> {
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let texts: Vec<&str> = groups.iter().map(|&(a, b)| &doc.note.text[a..b]).collect();
+        let vectors = self.embedder.embed(&texts).await?;
+        Ok(vectors.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect())
+    }
+
+    /// Runs CPU-bound work on the blocking pool with the document, off the async workers.
+    async fn on_cpu<T: Send + 'static>(
+        &self,
+        doc: &Arc<Document>,
+        f: impl FnOnce(&Cpu, &Document) -> T + Send + 'static,
+    ) -> Result<T, DocError> {
+        let (cpu, doc) = (Arc::clone(&self.cpu), Arc::clone(doc));
+        tokio::task::spawn_blocking(move || f(&cpu, &doc))
+            .await
+            .map_err(|_| DocError::new(ErrorCode::InternalError, Stage::Index, "an indexing step failed unexpectedly"))
+    }
+
+    /// Indexes one document; returns the number of chunks written. Tokenizing, planning, BM25 and payloads run
+    /// on the blocking pool; embedding on the model thread; only the awaiting happens on the async workers.
+    pub async fn index(&self, doc: &Arc<Document>) -> Result<usize, DocError> {
+        let note = &doc.note;
+        let embed_err = |e: EmbedError| DocError::new(e.code(), Stage::Index, e.to_string());
+        if note.entered_in_error {
+            self.retrying(|| self.store.delete_document(&note.doc_id, None)).await?;
+            return Ok(0);
+        }
+        let clock = Instant::now();
+        let (units, groups) = self
+            .on_cpu(doc, |cpu, d| {
+                let units = cpu.units(d);
+                let groups = cpu.groups(&units);
+                (units, groups)
+            })
+            .await?;
+        let shifts = self.shifts(doc, &groups).await.map_err(embed_err)?;
+        let chunks = self.on_cpu(doc, move |cpu, d| cpu.plan(d, &units, &shifts)).await?;
+        let texts: Vec<&str> = chunks.iter().map(|c| &note.text[c.start..c.end]).collect();
+        let vectors = self.embedder.embed(&texts).await.map_err(embed_err)?;
+        metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
+        let version = note.version.clone().unwrap_or_default();
+        let v = version.clone();
+        let points = self.on_cpu(doc, move |cpu, d| cpu.points(d, &chunks, vectors, &v)).await?;
+        let n = points.len();
+        let clock = Instant::now();
+        if !points.is_empty() {
+            self.retrying(|| self.store.upsert(points.clone())).await?;
+        }
+        // Then the older versions, and any documents this one replaces.
+        self.retrying(|| self.store.delete_document(&note.doc_id, Some(&version))).await?;
+        for replaced in note.replaces() {
+            self.retrying(|| self.store.delete_document(replaced, None)).await?;
+        }
+        let m = metrics();
+        m.stage_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
+        m.chunks_per_document.observe(n as f64);
+        Ok(n)
+    }
+
+    /// Runs a store operation, retrying transient failures with capped backoff for `store.halt_after_ms`.
+    async fn retrying<F, Fut>(&self, mut op: F) -> Result<(), DocError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), self.halt_after);
+        loop {
+            let result = op().await;
+            health::set_store_reachable(!result.as_ref().is_err_and(|e| e.is_transient()));
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() => match backoff.failed_with(e.retry_after()) {
+                    Some(wait) => {
+                        metrics().store_retries.inc();
+                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => return Err(DocError::new(ErrorCode::StoreUnavailable, Stage::Index, e.to_string())),
+                },
+                Err(e) => return Err(DocError::new(ErrorCode::StoreFailed, Stage::Index, e.to_string())),
+            }
+        }
+    }
+}
+
+impl Cpu {
     /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
     pub fn units(&self, doc: &Document) -> Vec<Unit> {
         let cap = self.params.max_unit_tokens();
@@ -147,31 +261,32 @@ impl Indexer {
         units
     }
 
-    /// Plans the document's chunks (SEOS embeds the sentence groups first).
-    pub async fn chunks(&self, doc: &Document, units: &[Unit]) -> Result<Vec<Chunk>, EmbedError> {
-        let shifts = if self.params.strategy == ChunkStrategy::Seos && units.len() > 1 {
-            let text = &doc.note.text;
-            let groups: Vec<&str> = (0..units.len())
-                .map(|i| {
-                    let seg = units[i].segment;
-                    let mut a = i;
-                    while a > 0 && i - a < self.neighbours && units[a - 1].segment == seg {
-                        a -= 1;
-                    }
-                    let mut b = i;
-                    while b + 1 < units.len() && b - i < self.neighbours && units[b + 1].segment == seg {
-                        b += 1;
-                    }
-                    &text[units[a].start..units[b].end]
-                })
-                .collect();
-            let vectors = self.embedder.embed(&groups).await?;
-            vectors.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect()
-        } else {
-            Vec::new()
-        };
-        let planned = chunk::plan(units, &shifts, &self.params);
-        Ok(planned
+    /// SEOS: each unit's sentence group (the unit and up to `neighbours` on each side in its segment) as a byte
+    /// range; empty for fixed chunking or a single unit.
+    fn groups(&self, units: &[Unit]) -> Vec<(usize, usize)> {
+        if self.params.strategy != ChunkStrategy::Seos || units.len() < 2 {
+            return Vec::new();
+        }
+        (0..units.len())
+            .map(|i| {
+                let seg = units[i].segment;
+                let mut a = i;
+                while a > 0 && i - a < self.neighbours && units[a - 1].segment == seg {
+                    a -= 1;
+                }
+                let mut b = i;
+                while b + 1 < units.len() && b - i < self.neighbours && units[b + 1].segment == seg {
+                    b += 1;
+                }
+                (units[a].start, units[b].end)
+            })
+            .collect()
+    }
+
+    /// Chunks from the planner's plan over `units` and the SEOS shifts.
+    fn plan(&self, doc: &Document, units: &[Unit], shifts: &[f32]) -> Vec<Chunk> {
+        let planned = chunk::plan(units, shifts, &self.params);
+        planned
             .iter()
             .enumerate()
             .map(|(index, p): (usize, &Planned)| {
@@ -192,49 +307,23 @@ impl Indexer {
                     tokens: units[p.units.clone()].iter().map(|u| u.tokens).sum(),
                 }
             })
-            .collect())
+            .collect()
     }
 
-    /// Indexes one document; returns the number of chunks written.
-    pub async fn index(&self, doc: &Document) -> Result<usize, DocError> {
+    /// The store points of a document version's chunks: ids, dense vectors, BM25 vectors, payloads.
+    fn points(&self, doc: &Document, chunks: &[Chunk], vectors: Vec<Vec<f32>>, version: &str) -> Vec<Point> {
         let note = &doc.note;
-        let embed_err = |e: EmbedError| DocError::new(e.code(), Stage::Index, e.to_string());
-        if note.entered_in_error {
-            self.retrying(|| self.store.delete_document(&note.doc_id, None)).await?;
-            return Ok(0);
-        }
-        let clock = Instant::now();
-        let units = self.units(doc);
-        let chunks = self.chunks(doc, &units).await.map_err(embed_err)?;
-        let texts: Vec<&str> = chunks.iter().map(|c| &note.text[c.start..c.end]).collect();
-        let vectors = self.embedder.embed(&texts).await.map_err(embed_err)?;
-        metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
-        let version = note.version.clone().unwrap_or_default();
-        let ids: Vec<uuid::Uuid> = chunks.iter().map(|c| store::point_id(&note.doc_id, &version, c.index)).collect();
-        let points: Vec<Point> = chunks
+        let ids: Vec<uuid::Uuid> = chunks.iter().map(|c| store::point_id(&note.doc_id, version, c.index)).collect();
+        chunks
             .iter()
             .zip(vectors)
             .map(|(c, dense)| Point {
                 id: ids[c.index],
                 sparse: bm25::sparse_document(&self.bm25, &note.text[c.start..c.end]),
-                payload: self.payload(doc, c, &ids, &version),
+                payload: self.payload(doc, c, &ids, version),
                 dense,
             })
-            .collect();
-        let n = points.len();
-        let clock = Instant::now();
-        if !points.is_empty() {
-            self.retrying(|| self.store.upsert(points.clone())).await?;
-        }
-        // Then the older versions, and any documents this one replaces.
-        self.retrying(|| self.store.delete_document(&note.doc_id, Some(&version))).await?;
-        for replaced in note.replaces() {
-            self.retrying(|| self.store.delete_document(replaced, None)).await?;
-        }
-        let m = metrics();
-        m.stage_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
-        m.chunks_per_document.observe(n as f64);
-        Ok(n)
+            .collect()
     }
 
     fn payload(&self, doc: &Document, c: &Chunk, ids: &[uuid::Uuid], version: &str) -> Map<String, Value> {
@@ -295,31 +384,6 @@ impl Indexer {
         p.insert("model".into(), info.name.clone().into());
         p.insert("worker_version".into(), crate::WORKER_VERSION.into());
         p
-    }
-
-    /// Runs a store operation, retrying transient failures with capped backoff for `store.halt_after_ms`.
-    async fn retrying<F, Fut>(&self, mut op: F) -> Result<(), DocError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<(), StoreError>>,
-    {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), self.halt_after);
-        loop {
-            let result = op().await;
-            health::set_store_reachable(!result.as_ref().is_err_and(|e| e.is_transient()));
-            match result {
-                Ok(()) => return Ok(()),
-                Err(e) if e.is_transient() => match backoff.failed_with(e.retry_after()) {
-                    Some(wait) => {
-                        metrics().store_retries.inc();
-                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
-                        tokio::time::sleep(wait).await;
-                    }
-                    None => return Err(DocError::new(ErrorCode::StoreUnavailable, Stage::Index, e.to_string())),
-                },
-                Err(e) => return Err(DocError::new(ErrorCode::StoreFailed, Stage::Index, e.to_string())),
-            }
-        }
     }
 }
 

@@ -135,7 +135,7 @@ async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error()
     let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
     let store = indexer.store().clone();
     let index = |bytes: Vec<u8>| {
-        let doc = pipeline.process(&bytes).unwrap();
+        let doc = Arc::new(pipeline.process(&bytes).unwrap());
         let indexer = &indexer;
         async move { indexer.index(&doc).await.unwrap() }
     };
@@ -234,7 +234,7 @@ async fn embedded_store_maintenance_keeps_data_whole_while_points_are_rewritten(
     let mut expected = 0;
     for round in 0..12 {
         for (id, text) in [("doc-a", CARDIAC), ("doc-b", RESPIRATORY)] {
-            let doc = pipeline.process(&note(id, "1", "current", "Patient/p1", text)).unwrap();
+            let doc = Arc::new(pipeline.process(&note(id, "1", "current", "Patient/p1", text)).unwrap());
             let n = indexer.index(&doc).await.unwrap();
             if round == 0 {
                 expected += n;
@@ -314,14 +314,15 @@ async fn qdrant_server_sink_when_qdrant_url_is_set() {
     let pipeline = Arc::new(Pipeline::new(&s).unwrap());
     let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
     let store: Arc<Store> = indexer.store().clone();
-    let doc = pipeline.process(&note("doc-b", "1", "current", "Patient/p2", RESPIRATORY)).unwrap();
+    let doc = Arc::new(pipeline.process(&note("doc-b", "1", "current", "Patient/p2", RESPIRATORY)).unwrap());
     let n = indexer.index(&doc).await.unwrap();
     indexer.index(&doc).await.unwrap();
     assert_eq!(store.count().await.unwrap(), n, "re-upsert is idempotent");
     // Reopening checks the existing collection's dimension instead of recreating it.
     Store::open(&s.store, 384).await.unwrap();
     assert!(Store::open(&s.store, 768).await.is_err());
-    let v2 = pipeline.process(&note("doc-b", "2", "current", "Patient/p2", "PLAN: pneumonia resolved.")).unwrap();
+    let v2 =
+        Arc::new(pipeline.process(&note("doc-b", "2", "current", "Patient/p2", "PLAN: pneumonia resolved.")).unwrap());
     let n2 = indexer.index(&v2).await.unwrap();
     assert_eq!(store.count().await.unwrap(), n2, "the old version's points are gone");
 }

@@ -522,7 +522,7 @@ fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points()
         let indexer = clinstream::index::Indexer::start(&settings, pipeline.compiled()).await.unwrap();
         let mut total = 0;
         for e in &events {
-            total += indexer.index(&pipeline.process(&e.value).unwrap()).await.unwrap();
+            total += indexer.index(&std::sync::Arc::new(pipeline.process(&e.value).unwrap())).await.unwrap();
         }
         assert_eq!(indexer.store().count().await.unwrap(), total);
         total
