@@ -10,19 +10,10 @@ use std::process::{Command, Output, Stdio};
 use common::*;
 use serde_json::Value;
 
-fn clinstream() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_clinstream"));
-    cmd.env_remove("RUST_LOG").env("CLINSTREAM__LOG__FORMAT", "json");
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CLINSTREAM__") || k == "CLINSTREAM_CONFIG" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("CLINSTREAM__LOG__FORMAT", "json");
-    // These tests are about the text stages; embedding and the vector store are tested in tests/embed.rs.
+/// These tests are about the text stages; embedding and the vector store are tested in tests/embed.rs.
+fn text_stages_only() -> Command {
+    let mut cmd = clinstream();
     cmd.env("CLINSTREAM__EMBED__ENABLED", "false");
-    // Tests run in parallel: each worker serves metrics on a free port.
-    cmd.env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0");
     cmd
 }
 
@@ -53,7 +44,7 @@ fn mixed_valid_and_malformed_events() {
     }
     drop(f);
     let out = dir.path().join("out");
-    let o = clinstream().args(["run", "--input"]).arg(&input).arg("--out").arg(&out).output().unwrap();
+    let o = text_stages_only().args(["run", "--input"]).arg(&input).arg("--out").arg(&out).output().unwrap();
     assert_eq!(o.status.code(), Some(3), "exit 3 = finished with dead letters\n{}", text(&o));
     let notes = read_ndjson(&out.join("notes.ndjson"));
     let dead = read_ndjson(&out.join("dead_letters.ndjson"));
@@ -87,7 +78,7 @@ fn include_text_writes_the_note_text() {
     let input = dir.path().join("one.json");
     std::fs::write(&input, bytes(&valid_doc("d1", "PLAN: Rest.\n"))).unwrap();
     let out = dir.path().join("out");
-    let o = clinstream().args(["run", "--include-text", "-i"]).arg(&input).arg("-o").arg(&out).output().unwrap();
+    let o = text_stages_only().args(["run", "--include-text", "-i"]).arg(&input).arg("-o").arg(&out).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let notes = read_ndjson(&out.join("notes.ndjson"));
     assert_eq!(notes[0]["text"], "PLAN: Rest.\n");
@@ -107,7 +98,7 @@ fn variables_and_mentions_are_written_per_document() {
     std::fs::write(&input, lines.iter().map(|d| String::from_utf8(bytes(d)).unwrap() + "\n").collect::<String>())
         .unwrap();
     let out = dir.path().join("out");
-    let o = clinstream().args(["run", "-i"]).arg(&input).arg("-o").arg(&out).output().unwrap();
+    let o = text_stages_only().args(["run", "-i"]).arg(&input).arg("-o").arg(&out).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let notes = read_ndjson(&out.join("notes.ndjson"));
     let fever = notes[0]["mentions"].as_array().unwrap().iter().find(|m| m["concept"] == "MESH:D005334").cloned();
@@ -131,7 +122,7 @@ fn variables_and_mentions_are_written_per_document() {
 fn stdin_ndjson_and_pretty_printed_documents() {
     let dir = tempfile::tempdir().unwrap();
     let run = |input: Vec<u8>, out: &Path| {
-        let mut child = clinstream()
+        let mut child = text_stages_only()
             .args(["run", "--input", "-", "--out"])
             .arg(out)
             .stdin(Stdio::piped())
@@ -177,7 +168,7 @@ fn bulk_fhir_directory_reads_only_document_references() {
     std::fs::write(export.join("README.txt"), b"not read").unwrap();
     std::fs::write(export.join("nested/more.json"), bytes(&valid_doc("d", "Plan: rest."))).unwrap();
     let out = dir.path().join("out");
-    let o = clinstream().args(["run", "--no-progress", "-i"]).arg(&export).arg("-o").arg(&out).output().unwrap();
+    let o = text_stages_only().args(["run", "--no-progress", "-i"]).arg(&export).arg("-o").arg(&out).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let ids: Vec<_> =
         read_ndjson(&out.join("notes.ndjson")).iter().map(|n| n["doc_id"].as_str().unwrap().to_string()).collect();
@@ -193,7 +184,7 @@ fn oversized_lines_are_dead_lettered_without_being_kept() {
     std::fs::write(&input, [big, b"\n".to_vec(), bytes(&valid_doc("small", "Plan: rest.")), b"\n".to_vec()].concat())
         .unwrap();
     let out = dir.path().join("out");
-    let o = clinstream()
+    let o = text_stages_only()
         .env("CLINSTREAM__INPUT__MAX_MESSAGE_BYTES", "4096")
         .args(["run", "-i"])
         .arg(&input)
@@ -212,7 +203,7 @@ fn oversized_lines_are_dead_lettered_without_being_kept() {
 #[test]
 fn a_missing_input_halts_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let o = clinstream().args(["run", "-i", "/nonexistent/notes.ndjson", "-o"]).arg(dir.path()).output().unwrap();
+    let o = text_stages_only().args(["run", "-i", "/nonexistent/notes.ndjson", "-o"]).arg(dir.path()).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("/nonexistent/notes.ndjson"), "{}", text(&o));
 }
@@ -222,7 +213,7 @@ fn config_print_layers_and_rejects_unknown_keys() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("c.toml");
     std::fs::write(&file, "[decode]\nmax_attachment_bytes = 1234\n").unwrap();
-    let o = clinstream()
+    let o = text_stages_only()
         .env("CLINSTREAM__SECTIONS__WEIGHTS__PLAN", "0.25")
         .args(["config", "print", "--config"])
         .arg(&file)
@@ -233,9 +224,9 @@ fn config_print_layers_and_rejects_unknown_keys() {
     assert_eq!(printed["decode"]["max_attachment_bytes"].as_integer(), Some(1234));
     assert_eq!(printed["sections"]["weights"]["plan"].as_float(), Some(0.25));
 
-    let o = clinstream().env("CLINSTREAM__DECODE__MAX_BYTES", "1").args(["config", "print"]).output().unwrap();
+    let o = text_stages_only().env("CLINSTREAM__DECODE__MAX_BYTES", "1").args(["config", "print"]).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("max_bytes"), "the unknown key is named: {}", text(&o));
-    let o = clinstream().env("CLINSTREAM__PIPELINE__IN_FLIGHT", "0").args(["config", "print"]).output().unwrap();
+    let o = text_stages_only().env("CLINSTREAM__PIPELINE__IN_FLIGHT", "0").args(["config", "print"]).output().unwrap();
     assert!(text(&o).contains("pipeline.in_flight: must be at least 1"), "{}", text(&o));
 }

@@ -4,8 +4,9 @@
 //! Without the model files (a clone where `make model` has not run) these tests fail with that instruction, unless
 //! `CLINSTREAM_SKIP_MODEL_TESTS=1`; `make test` runs `make model` first.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use clinstream::config::Settings;
@@ -259,18 +260,11 @@ fn run_then_search_round_trip_through_the_embedded_store() {
     let dir = tempfile::tempdir().unwrap();
     let Some(s) = settings(dir.path()) else { return };
     let cmd = |args: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_clinstream"));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("CLINSTREAM__") || k == "CLINSTREAM_CONFIG" {
-                c.env_remove(k);
-            }
-        }
-        c.args(args)
+        common::clinstream()
+            .args(args)
             .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
             .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
             .env("CLINSTREAM__STORE__PATH", &s.store.path)
-            .env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0")
-            .env("CLINSTREAM__LOG__FORMAT", "json")
             .output()
             .unwrap()
     };

@@ -120,7 +120,7 @@ fn happy_path_outputs_and_commits() {
 
     // The reference consumer rebuilds the graph from the topic.
     let out = dir.path().join("graph");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_clinstream"))
+    let o = common::clinstream()
         .env("CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS", &addr)
         .args(["kg", "materialize", "--topic", &names.kg, "--out"])
         .arg(&out)

@@ -18,31 +18,18 @@ fn have(tool: &str) -> bool {
     Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().is_ok_and(|o| o.status.success())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A worker reading stdin (kept open) with metrics on `port`.
 fn worker(port: u16, out: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_clinstream"))
+    clinstream()
         .args(["run", "--no-progress", "--input", "-", "--out"])
         .arg(out)
         .env("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{port}"))
-        .env("CLINSTREAM__LOG__FORMAT", "json")
         .env("CLINSTREAM__EMBED__ENABLED", "false")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Feeds canary-laden good and bad notes and waits until the worker has finished them.
@@ -67,7 +54,7 @@ fn feed(child: &mut Child, port: u16) -> usize {
     stdin.flush().unwrap();
     child.stdin = Some(stdin);
     let n = lines.len();
-    wait_for("the worker to finish the fed documents", Duration::from_secs(60), || {
+    wait_until(Duration::from_secs(60), "the worker to finish the fed documents", || {
         http_get(port, "/metrics").is_some_and(|(_, body)| {
             let written =
                 metric_value(&body, "clinstream_documents_finished_total{outcome=\"written\"}").unwrap_or(0.0);
@@ -90,7 +77,7 @@ fn metrics_health_and_promtool_without_phi() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut child = worker(port, &dir.path().join("out"));
-    wait_for("/healthz", Duration::from_secs(60), || http_get(port, "/healthz").is_some_and(|(s, _)| s == 200));
+    wait_until(Duration::from_secs(60), "/healthz", || http_get(port, "/healthz").is_some_and(|(s, _)| s == 200));
     let n = feed(&mut child, port);
     let ready = http_get(port, "/readyz");
     assert_eq!(ready.as_ref().map(|r| r.0), Some(200), "ready while the source is open: {ready:?}");
@@ -335,13 +322,7 @@ fn the_helm_chart_renders_and_lints() {
     ] {
         assert!(names.contains(&expected), "{expected} not set by the chart: {names:?}");
     }
-    let mut print = Command::new(env!("CARGO_BIN_EXE_clinstream"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CLINSTREAM__") {
-            print.env_remove(k);
-        }
-    }
-    let out = print.args(["config", "print"]).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    let out = clinstream().args(["config", "print"]).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "the chart's settings are refused: {}", String::from_utf8_lossy(&out.stderr));
     for expected in [

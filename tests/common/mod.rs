@@ -1,9 +1,11 @@
-//! Shared helpers for integration tests: settings, event builders and the malformed-event corpus.
+//! Shared helpers for integration tests: the binary launcher, free ports, polling, settings, event builders,
+//! loopback HTTP and metrics parsing, and the malformed-event corpus.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use clinstream::config::Settings;
@@ -13,6 +15,41 @@ use sha1::Digest as _;
 
 /// A string planted in inputs; it must never appear in errors, dead letters or logs.
 pub const CANARY: &str = "CANARY-Jane-Roe-MRN-0042";
+
+/// The `clinstream` binary with a clean environment: nothing of the caller's `CLINSTREAM__*`, `CLINSTREAM_CONFIG`
+/// or `RUST_LOG` leaks in; JSON logs; metrics on a free port (tests run in parallel).
+pub fn clinstream() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_clinstream"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CLINSTREAM__") || k == "CLINSTREAM_CONFIG" || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CLINSTREAM__LOG__FORMAT", "json").env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0");
+    cmd
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `f` until it returns true (panics with `what` after `timeout`).
+pub fn wait_until(timeout: Duration, what: &str, f: impl FnMut() -> bool) {
+    assert!(try_wait_until(timeout, f), "timed out waiting for {what}");
+}
+
+/// Polls `f` until it returns true; false after `timeout`.
+pub fn try_wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
 
 pub fn settings() -> Settings {
     Settings::load_from(None, Some(Default::default())).expect("defaults load")

@@ -39,9 +39,7 @@ pub struct Broker {
     child: Option<Child>,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+pub use crate::common::{free_port, try_wait_until, wait_until};
 
 impl Broker {
     /// Starts noida-db on `port` with `data_dir` (kept across restarts).
@@ -356,17 +354,10 @@ impl Worker {
     pub fn start(c: &WorkerConfig<'_>) -> Worker {
         let log = c.dir.join(format!("{}.log", c.tag));
         let stdout = c.dir.join(format!("{}.out", c.tag));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_clinstream"));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("CLINSTREAM__") || k == "CLINSTREAM_CONFIG" || k == "RUST_LOG" {
-                cmd.env_remove(k);
-            }
-        }
+        let mut cmd = crate::common::clinstream();
         let n = c.names;
         cmd.arg("run")
-            .env("CLINSTREAM__LOG__FORMAT", "json")
             .env("CLINSTREAM__LOG__LEVEL", "info")
-            .env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0")
             .env("CLINSTREAM__KAFKA__ENABLED", "true")
             .env("CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS", c.addr)
             .env("CLINSTREAM__KAFKA__GROUP_ID", &n.group)
@@ -441,23 +432,6 @@ impl Drop for Worker {
             let _ = self.child.wait();
         }
     }
-}
-
-/// Polls `f` until it returns true (panics with `what` after `timeout`).
-pub fn wait_until(timeout: Duration, what: &str, f: impl FnMut() -> bool) {
-    assert!(try_wait_until(timeout, f), "timed out waiting for {what}");
-}
-
-/// Polls `f` until it returns true; false after `timeout`.
-pub fn try_wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    true
 }
 
 /// Distinct keys on `topic` (read_uncommitted: progress, not the final check).
