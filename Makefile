@@ -64,7 +64,7 @@ lint:
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
 unit:
-	CLINSTREAM_REQUIRE_KAFKA=1 $(CARGO) test --locked
+	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 $(CARGO) test --locked
 
 fmt:
 	$(CARGO) fmt

@@ -128,10 +128,34 @@ const RESPIRATORY: &str = "CHIEF COMPLAINT: Shortness of breath.\n\nHISTORY OF P
 dyspnea and productive cough with fever. No chest pain.\n\nASSESSMENT AND PLAN: Community-acquired pneumonia. \
 Start ceftriaxone and azithromycin; chest x-ray shows right lower lobe consolidation.";
 
+/// Settings for the server store against `server` (a fresh collection per test).
+fn server_settings(dir: &Path, server: &common::qdrant::QdrantServer) -> Option<Settings> {
+    let mut s = settings(dir)?;
+    s.store.kind = "qdrant".into();
+    s.store.url = server.url.clone();
+    s.store.api_key = clinstream::config::Secret::new(server.api_key.clone());
+    s.store.collection = common::qdrant::unique_collection("test");
+    Some(s)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error() {
     let dir = tempfile::tempdir().unwrap();
     let Some(s) = settings(dir.path()) else { return };
+    indexes_replaces_versions_and_removes_entered_in_error(s).await;
+}
+
+/// The same store test against a real Qdrant server (started by the harness, or `QDRANT_URL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_indexes_replaces_versions_and_removes_entered_in_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    indexes_replaces_versions_and_removes_entered_in_error(s).await;
+}
+
+async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
+    let kind = if s.store.kind == "qdrant" { "qdrant" } else { "embedded" };
     let pipeline = Arc::new(Pipeline::new(&s).unwrap());
     let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
     let store = indexer.store().clone();
@@ -216,7 +240,7 @@ async fn embedded_store_indexes_replaces_versions_and_removes_entered_in_error()
     };
     assert!(value("clinstream_embed_tokens_total ") > 0.0, "{body}");
     assert!(value("clinstream_qdrant_points_total{operation=\"upserted\"}") >= (n_cardiac + n_resp) as f64);
-    assert!(value("clinstream_qdrant_upsert_duration_seconds_count{store=\"embedded\"}") >= 3.0);
+    assert!(value(&format!("clinstream_qdrant_upsert_duration_seconds_count{{store=\"{kind}\"}}")) >= 3.0, "{body}");
     drop(indexer);
 }
 
@@ -293,18 +317,13 @@ fn run_then_search_round_trip_through_the_embedded_store() {
 
 /// The server sink, against a real Qdrant when `QDRANT_URL` is set (no Qdrant server package exists in the
 /// registries these machines reach): collection bootstrap, idempotent re-upsert, version replacement, search.
+/// The server store reopens an existing collection (checking its dimension instead of recreating it), and a
+/// re-upsert and a new version behave as in the embedded store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qdrant_server_sink_when_qdrant_url_is_set() {
-    let Ok(url) = std::env::var("QDRANT_URL") else {
-        eprintln!("SKIPPED: QDRANT_URL is not set (e.g. QDRANT_URL=http://localhost:6334)");
-        return;
-    };
+async fn server_store_reopens_checks_the_dimension_and_replaces_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(mut s) = settings(dir.path()) else { return };
-    s.store.kind = "qdrant".into();
-    s.store.url = url;
-    s.store.api_key = clinstream::config::Secret::new(std::env::var("QDRANT_API_KEY").unwrap_or_default());
-    s.store.collection = format!("clinstream_test_{}", std::process::id());
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
     let pipeline = Arc::new(Pipeline::new(&s).unwrap());
     let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
     let store: Arc<Store> = indexer.store().clone();

@@ -456,6 +456,19 @@ fn sigterm_while_waiting_for_an_unreachable_cluster_exits_cleanly() {
 /// and the engine's WAL keeps what was written before each kill.
 #[test]
 fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points() {
+    indexing_through_kafka("index", None);
+}
+
+/// The same against a real Qdrant server, plus an outage: the server is SIGKILLed while the last worker indexes
+/// and restarted on the same storage a few seconds later. The worker rides it out — alive, `/readyz` 503 while the
+/// store is away, no event dead-lettered — and the store ends with exactly the clean run's points.
+#[test]
+fn indexing_into_a_qdrant_server_survives_crashes_and_a_store_outage() {
+    let Some(mut server) = common::qdrant::QdrantServer::start() else { return };
+    indexing_through_kafka("qindex", Some(&mut server));
+}
+
+fn indexing_through_kafka(test: &str, server: Option<&mut common::qdrant::QdrantServer>) {
     let model_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2");
     if !model_dir.join("model.onnx").is_file() {
         assert!(std::env::var("CLINSTREAM_SKIP_MODEL_TESTS").is_ok(), "run `make model` first");
@@ -463,15 +476,15 @@ fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points()
     }
     let Some(addr) = shared_broker() else { return };
     let _turn = serial();
-    let names = Names::new("index");
+    let names = Names::new(test);
     let dir = test_dir();
     create_topic(&addr, &names.input, 2);
     let n = 120;
-    let events = documents("index", n);
+    let events = documents(test, n);
     produce(&addr, &names.input, &events);
     let store = dir.path().join("qdrant");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let index_env = vec![
+    let mut index_env = vec![
         ("CLINSTREAM__EMBED__ENABLED", "true".to_string()),
         ("CLINSTREAM__EMBED__MODEL_DIR", model_dir.display().to_string()),
         (
@@ -484,9 +497,17 @@ fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points()
         ("CLINSTREAM__PIPELINE__IN_FLIGHT", "8".to_string()),
         ("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".to_string()),
     ];
-    let cfg = |tag: &'static str| WorkerConfig {
-        extra: index_env.clone(),
-        ..WorkerConfig::new(&addr, &names, dir.path(), tag)
+    if let Some(server) = &server {
+        index_env.push(("CLINSTREAM__STORE__KIND", "qdrant".to_string()));
+        index_env.push(("CLINSTREAM__STORE__URL", server.url.clone()));
+        index_env.push(("CLINSTREAM__STORE__API_KEY", server.api_key.clone()));
+        index_env.push(("CLINSTREAM__STORE__COLLECTION", common::qdrant::unique_collection(test)));
+    }
+    let port = free_port();
+    let cfg = |tag: &'static str| {
+        let mut extra = index_env.clone();
+        extra.push(("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{port}")));
+        WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), tag) }
     };
     let mut progress = Vec::new();
     for tag in ["k0", "k1"] {
@@ -501,10 +522,27 @@ fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points()
     }
     eprintln!("documents with outputs after each kill: {progress:?}");
     let mut w = Worker::start(&cfg("final"));
-    wait_until(Duration::from_secs(120), "every document", || distinct_keys(&addr, &names.kg) == n);
+    if let Some(server) = server.filter(|s| s.is_local()) {
+        wait_until(Duration::from_secs(60), "the last worker to be ready", || {
+            http_get(port, "/readyz").is_some_and(|(s, _)| s == 200)
+        });
+        server.kill();
+        wait_until(Duration::from_secs(30), "/readyz 503 while the store is down", || {
+            http_get(port, "/readyz").is_some_and(|(s, _)| s == 503)
+        });
+        std::thread::sleep(Duration::from_secs(5));
+        assert!(w.running(), "the worker halted on a store outage:\n{}", w.log_tail(30));
+        assert!(w.log_text().contains("Vector store unavailable; retrying"), "{}", w.log_tail(30));
+        server.restart();
+        wait_until(Duration::from_secs(60), "/readyz 200 after the store's return", || {
+            http_get(port, "/readyz").is_some_and(|(s, _)| s == 200)
+        });
+    }
+    wait_until(Duration::from_secs(180), "every document", || distinct_keys(&addr, &names.kg) == n);
     wait_all_committed(&addr, &names, 15);
     w.sigterm();
     assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    assert_eq!(distinct_keys(&addr, &names.dlq), 0, "nothing was dead-lettered");
 
     // The reference: the same notes indexed once, in-process, into a fresh store with the same settings.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -517,6 +555,7 @@ fn indexing_through_kafka_survives_crashes_without_duplicate_or_missing_points()
         clinstream::store::Store::open_existing(&settings.store).await.unwrap().count().await.unwrap()
     });
     settings.store.path = dir.path().join("reference").display().to_string();
+    settings.store.collection = common::qdrant::unique_collection("reference");
     let expected = rt.block_on(async {
         let pipeline = clinstream::stages::Pipeline::new(&settings).unwrap();
         let indexer = clinstream::index::Indexer::start(&settings, pipeline.compiled()).await.unwrap();

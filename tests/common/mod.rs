@@ -2,6 +2,8 @@
 //! loopback HTTP and metrics parsing, and the malformed-event corpus.
 #![allow(dead_code)]
 
+pub mod qdrant;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;

@@ -381,6 +381,11 @@ impl Worker {
         Worker { child: cmd.spawn().expect("starting the worker"), log, stdout }
     }
 
+    /// Still running (not exited)?
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     pub fn sigterm(&self) {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
     }

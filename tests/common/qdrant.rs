@@ -1,0 +1,146 @@
+//! A real Qdrant server for the tests: `../shared/tools/qdrant/qdrant-server` (Qdrant built from its public
+//! source; `CLINSTREAM_QDRANT_SERVER` names another binary) started per test on free loopback ports with
+//! temporary storage, stopped with SIGTERM when dropped. `QDRANT_URL` (+ `QDRANT_API_KEY`) points the tests at an
+//! external server or cluster instead; then nothing is started and each test uses its own collection.
+//!
+//! `make test` sets `CLINSTREAM_REQUIRE_QDRANT=1`: a missing server binary fails the test there. Elsewhere the
+//! server tests say SKIPPED loudly and return.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// A running server (or an external one).
+pub struct QdrantServer {
+    /// gRPC URL for `store.url` (`http://127.0.0.1:PORT`).
+    pub url: String,
+    pub http_port: u16,
+    pub grpc_port: u16,
+    pub api_key: String,
+    child: Option<Child>,
+    storage: Option<tempfile::TempDir>,
+    binary: Option<PathBuf>,
+}
+
+fn server_binary() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("CLINSTREAM_QDRANT_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/qdrant/qdrant-server");
+    p.is_file().then_some(p)
+}
+
+/// A collection name no other test (or run) uses.
+pub fn unique_collection(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("clinstream_{tag}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
+
+impl QdrantServer {
+    /// Starts a server (or uses `QDRANT_URL`); `None` (after a loud SKIPPED line) when there is none and the run
+    /// does not require one.
+    pub fn start() -> Option<QdrantServer> {
+        if let Ok(url) = std::env::var("QDRANT_URL") {
+            return Some(QdrantServer {
+                url,
+                http_port: 0,
+                grpc_port: 0,
+                api_key: std::env::var("QDRANT_API_KEY").unwrap_or_default(),
+                child: None,
+                storage: None,
+                binary: None,
+            });
+        }
+        let Some(binary) = server_binary() else {
+            assert!(
+                std::env::var("CLINSTREAM_REQUIRE_QDRANT").is_err(),
+                "no Qdrant server: ../shared/tools/qdrant/qdrant-server is missing (set CLINSTREAM_QDRANT_SERVER)"
+            );
+            eprintln!("SKIPPED: no Qdrant server binary (../shared/tools/qdrant/qdrant-server) and no QDRANT_URL");
+            return None;
+        };
+        let storage = tempfile::tempdir().unwrap();
+        let mut server = QdrantServer {
+            url: String::new(),
+            http_port: super::free_port(),
+            grpc_port: super::free_port(),
+            api_key: String::new(),
+            child: None,
+            storage: Some(storage),
+            binary: Some(binary),
+        };
+        server.url = format!("http://127.0.0.1:{}", server.grpc_port);
+        server.restart();
+        Some(server)
+    }
+
+    /// Whether this is a server the test started (and may kill).
+    pub fn is_local(&self) -> bool {
+        self.binary.is_some()
+    }
+
+    /// Starts the server process on the same ports and storage and waits until it is ready.
+    pub fn restart(&mut self) {
+        let (Some(binary), Some(storage)) = (&self.binary, &self.storage) else { return };
+        let dir = storage.path();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("qdrant.log")).unwrap();
+        let child = Command::new(binary)
+            .env("QDRANT__SERVICE__HOST", "127.0.0.1")
+            .env("QDRANT__SERVICE__HTTP_PORT", self.http_port.to_string())
+            .env("QDRANT__SERVICE__GRPC_PORT", self.grpc_port.to_string())
+            .env("QDRANT__STORAGE__STORAGE_PATH", dir.join("storage"))
+            .env("QDRANT__STORAGE__SNAPSHOTS_PATH", dir.join("snapshots"))
+            .env("QDRANT__TELEMETRY_DISABLED", "true")
+            .env("QDRANT__LOG_LEVEL", "WARN")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting the Qdrant server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.ready() {
+            assert!(Instant::now() < deadline, "the Qdrant server did not become ready:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `/readyz` answers 200.
+    pub fn ready(&self) -> bool {
+        super::http_get(self.http_port, "/readyz").is_some_and(|(status, _)| status == 200)
+    }
+
+    /// SIGKILL (an outage without warning); `restart` brings it back on the same storage.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.storage
+            .as_ref()
+            .and_then(|s| std::fs::read_to_string(s.path().join("qdrant.log")).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for QdrantServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGTERM first (a clean shutdown), then make sure.
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
