@@ -7,9 +7,9 @@
 //!   nothing from the crate.
 //! * `error` — every error code with its disposition (dead-letter / retry / halt), and the typed errors of a run.
 //! * `backoff` — the one capped exponential backoff (Kafka, Schema Registry, the store).
-//! * `telemetry` — logging (PHI-free, structured), every metric name, the process's health flags.
 //! * `model` — domain types: the FHIR subset, `Note`, `Section`, `Sentence`, mentions and assertions, variable
 //!   results, knowledge-graph deltas, `Document`, `Origin`, `DeadLetter`.
+//! * `telemetry` — logging (PHI-free, structured), every metric name, the process's health flags.
 //! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
 //! * `stages` — pure synchronous stages: decode, attachment, charset, html, rtf, sections, sentences, mentions,
 //!   assertion, clear (variables), kg (graph deltas), chunk planning.

@@ -6,14 +6,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// Lowest first. Modules on one line are one layer (they may not import each other either way... except as
-/// listed): here every layer holds one module.
+/// Lowest first; one module per layer (docs/architecture.md has the same table).
 const LAYERS: &[&str] = &[
     "config",
     "error",
     "backoff",
-    "telemetry",
     "model",
+    "telemetry",
     "lexicon",
     "stages",
     "codec",

@@ -337,3 +337,76 @@ fn the_helm_chart_renders_and_lints() {
     let bad = helm(serde_json::json!({"image": {"repository": "x", "pullPolicy": "Sometimes"}})).unwrap();
     assert!(bad.get("error").is_some(), "values.schema.json rejects a bad pullPolicy: {bad}");
 }
+
+/// Every panel reads 0, not "no data", from start-up: a real Prometheus scrapes a worker that has not seen a
+/// document yet and answers every dashboard expression (with `$namespace`/`$pod` as `.*`) with at least one
+/// series — which also checks each expression is valid PromQL. Only the per-partition Kafka series are absent
+/// until partitions are assigned (`metrics::PER_PARTITION`).
+#[test]
+fn every_dashboard_series_exists_from_start_up() {
+    if !have("prometheus") {
+        assert!(std::env::var("CLINSTREAM_REQUIRE_KAFKA").is_err(), "prometheus is missing (make tools)");
+        eprintln!("SKIPPED dashboard series test: prometheus not installed (make tools)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (port, prom_port) = (free_port(), free_port());
+    let child = worker(port, &dir.path().join("out"));
+    wait_until(Duration::from_secs(60), "/readyz", || http_get(port, "/readyz").is_some_and(|(s, _)| s == 200));
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: clinstream\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+    )
+    .unwrap();
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = |expr: &str| -> Option<serde_json::Value> {
+        let encoded: String = expr
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let (_, body) = http_get(prom_port, &format!("/api/v1/query?query={encoded}"))?;
+        serde_json::from_str(&body).ok()
+    };
+    // At least three scrapes, so rate() over the panels' windows has samples to work with.
+    wait_until(Duration::from_secs(60), "three scrapes", || {
+        query("count_over_time(up[1m])").is_some_and(|v| {
+            v["data"]["result"][0]["value"][1].as_str().and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0) >= 3.0
+        })
+    });
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/clinstream.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for p in dashboard["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            if clinstream::telemetry::metrics::PER_PARTITION.iter().any(|m| expr.contains(m)) {
+                continue;
+            }
+            let expr = expr.replace("$namespace", ".*").replace("$pod", ".*");
+            checked += 1;
+            match query(&expr) {
+                Some(v)
+                    if v["status"] == "success" && v["data"]["result"].as_array().is_some_and(|r| !r.is_empty()) => {}
+                other => problems.push(format!("{expr}\n  -> {other:?}")),
+            }
+        }
+    }
+    let _ = prom.kill();
+    let _ = prom.wait();
+    stop(child);
+    assert!(checked >= 25, "only {checked} expressions checked");
+    assert!(problems.is_empty(), "dashboard expressions with no data at start-up:\n{}", problems.join("\n"));
+}

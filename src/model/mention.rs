@@ -15,6 +15,16 @@ pub enum EntityKind {
 }
 
 impl EntityKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [EntityKind; 6] = [
+        EntityKind::Medication,
+        EntityKind::Symptom,
+        EntityKind::Disease,
+        EntityKind::Procedure,
+        EntityKind::Lab,
+        EntityKind::Anatomy,
+    ];
+
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "medication" => Self::Medication,

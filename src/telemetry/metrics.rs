@@ -7,6 +7,9 @@
 
 use std::sync::OnceLock;
 
+use crate::error::{Disposition, ErrorCode};
+use crate::model::EntityKind;
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -328,6 +331,11 @@ impl Metrics {
     }
 }
 
+/// Every `stage` label of `clinstream_stage_duration_seconds`: the text stages (`Timings::stages`), the outputs
+/// side (`sink`), indexing as a whole (`index`) and its parts (`embed`, `qdrant`).
+pub const STAGES: &[&str] =
+    &["decode", "sections", "sentences", "entities", "variables", "kg", "sink", "index", "embed", "qdrant"];
+
 /// The process-wide metrics. Label sets known in advance are created at zero, so dashboards and alerts see
 /// every series (e.g. `clinstream_kafka_commits_total{outcome="failed"} 0`) before the first event.
 pub fn metrics() -> &'static Metrics {
@@ -351,6 +359,18 @@ pub fn metrics() -> &'static Metrics {
         }
         for store in ["embedded", "qdrant"] {
             m.store_upsert_duration.with_label_values(&[store]);
+        }
+        for outcome in ["written", "dead_lettered"] {
+            m.documents_finished.with_label_values(&[outcome]);
+        }
+        for code in ErrorCode::ALL.iter().filter(|c| c.disposition() == Disposition::DeadLetter) {
+            m.dead_letters.with_label_values(&[code.as_str()]);
+        }
+        for stage in STAGES {
+            m.stage_duration.with_label_values(&[stage]);
+        }
+        for kind in EntityKind::ALL {
+            m.mentions.with_label_values(&[kind.as_str()]);
         }
         m
     })

@@ -316,7 +316,23 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, out.split_once("\r\n\r\n")?.1.to_string()))
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    Some((status, if chunked { dechunk(body)? } else { body.to_string() }))
+}
+
+/// The body of a `Transfer-Encoding: chunked` response.
+fn dechunk(mut body: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(rest.get(..size)?);
+        body = rest.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// The value of one exposition-format series (name with its labels, exactly as printed).
