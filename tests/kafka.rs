@@ -716,3 +716,37 @@ fn schema_registry_refusal_or_outage_stops_before_consuming() {
         assert!(committed <= 0, "nothing committed ({committed})");
     }
 }
+
+/// `clinstream produce` with an event over the producer's message size limit (1,000,000 bytes by default): the
+/// event is reported on stderr with its file and line — never its content — and the rest of the file is sent.
+#[test]
+fn produce_reports_an_event_over_the_message_limit_and_goes_on() {
+    let Some(addr) = shared_broker() else { return };
+    let names = Names::new("produce-limit");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 1);
+    let input = dir.path().join("events.ndjson");
+    let big = "x".repeat(1_200_000);
+    let lines = [
+        String::from_utf8(valid_doc_bytes("small-1", "Cough.")).unwrap(),
+        String::from_utf8(valid_doc_bytes("big", &format!("{}{big}", common::CANARY))).unwrap(),
+        String::from_utf8(valid_doc_bytes("small-2", "Fever.")).unwrap(),
+    ];
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let o = common::clinstream()
+        .env("CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS", &addr)
+        .args(["produce", "--topic", &names.input, "--input"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(3), "finished with an event not sent: {stdout}{stderr}");
+    assert!(stderr.contains("events.ndjson:2") && stderr.contains("over the broker's message size limit"), "{stderr}");
+    assert!(!stderr.contains(common::CANARY) && !stdout.contains(common::CANARY), "content was printed");
+    assert!(stdout.contains("sent 2 events") && stdout.contains("1 over the broker's message size limit"), "{stdout}");
+    let keys: Vec<String> = read_all(&addr, &names.input, false)
+        .iter()
+        .filter_map(|m| m.key().map(|k| String::from_utf8_lossy(k).into_owned()))
+        .collect();
+    assert_eq!(keys, ["small-1", "small-2"], "the events before and after the refused one are on the topic");
+}

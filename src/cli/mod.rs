@@ -293,10 +293,12 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 produce::produce(&settings, &inputs, &topic).await
             })?;
             println!(
-                "sent {} events to {topic} ({} without an id key, {} over 16 MiB skipped)",
-                summary.sent, summary.without_key, summary.skipped_oversized
+                "sent {} events to {topic} ({} without an id key, {} over 16 MiB skipped, {} over the broker's \
+                 message size limit not sent)",
+                summary.sent, summary.without_key, summary.skipped_oversized, summary.too_large
             );
-            Ok(ExitCode::SUCCESS)
+            // Like `run`: finished, but not everything went through.
+            Ok(if summary.too_large > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
         }
         Command::Search { query, patient, section, top, json, config } => {
             let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;

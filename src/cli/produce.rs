@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use tokio::sync::mpsc;
 
 use crate::codec::avro::{self, Encoder};
@@ -16,6 +16,7 @@ use anyhow::{Context as _, anyhow};
 use crate::config::Settings;
 use crate::error::{ErrorCode, RunError};
 use crate::kafka::client_config;
+use crate::model::Origin;
 use crate::source::SourceEvent;
 use crate::source::file::{self, Input};
 
@@ -25,6 +26,8 @@ pub struct ProduceSummary {
     pub sent: u64,
     pub without_key: u64,
     pub skipped_oversized: u64,
+    /// Events the producer or the broker refused as over the message size limit (each reported on stderr).
+    pub too_large: u64,
 }
 
 /// The `id` of a top-level JSON object, without parsing the whole event (`None` when absent or not JSON).
@@ -46,7 +49,7 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
     // Events larger than the broker accepts are the broker's to refuse; read up to 16 MiB.
     let reader = file::spawn(plan, 16 * 1024 * 1024, tx);
     let mut summary = ProduceSummary::default();
-    let mut deliveries = Vec::new();
+    let mut deliveries: Vec<(Origin, usize, DeliveryFuture)> = Vec::new();
     while let Some(item) = rx.recv().await {
         match item {
             SourceEvent::Failed(e) => return Err(e.into()),
@@ -57,17 +60,20 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
                     Some(k) => record = record.key(k.as_str()),
                     None => summary.without_key += 1,
                 }
+                let size = envelope.payload.len();
                 loop {
                     match producer.send_result(record) {
-                        Ok(delivery) => break deliveries.push(delivery),
+                        Ok(delivery) => break deliveries.push((envelope.origin.clone(), size, delivery)),
                         Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                             record = back;
                             if deliveries.is_empty() {
                                 tokio::time::sleep(Duration::from_millis(50)).await;
                             }
-                            for d in deliveries.drain(..) {
-                                check(d.await)?;
-                            }
+                            settle(&mut deliveries, &mut summary).await?;
+                        }
+                        Err((e, _)) if too_large(&e) => {
+                            refused(&envelope.origin, size, &mut summary);
+                            break;
                         }
                         Err((e, _)) => {
                             return Err(RunError::halt(ErrorCode::DeliveryFailed, e.to_string()));
@@ -75,32 +81,45 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
                     }
                 }
                 if deliveries.len() >= 10_000 {
-                    for d in deliveries.drain(..) {
-                        check(d.await)?;
-                    }
+                    settle(&mut deliveries, &mut summary).await?;
                 }
-                summary.sent += 1;
             }
             SourceEvent::Oversized { .. } => summary.skipped_oversized += 1,
             _ => {}
         }
     }
-    for d in deliveries {
-        check(d.await)?;
-    }
+    settle(&mut deliveries, &mut summary).await?;
     let _ = tokio::task::spawn_blocking(move || reader.join()).await;
     Ok(summary)
 }
 
-fn check<Canceled>(
-    result: Result<rdkafka::producer::future_producer::OwnedDeliveryResult, Canceled>,
+fn too_large(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge)
+}
+
+/// An event the producer or the broker refused as larger than its message limit: said on stderr with its place
+/// (file and line, never content), counted, and the rest goes on.
+fn refused(origin: &Origin, size: usize, summary: &mut ProduceSummary) {
+    eprintln!("{origin}: event of {size} bytes is over the broker's message size limit; not sent");
+    summary.too_large += 1;
+}
+
+/// Waits for the deliveries so far: counts the sent ones, reports refused-as-too-large ones, halts on any other
+/// failure.
+async fn settle(
+    deliveries: &mut Vec<(Origin, usize, DeliveryFuture)>,
+    summary: &mut ProduceSummary,
 ) -> Result<(), RunError> {
     let failed = |detail: String| RunError::halt(ErrorCode::DeliveryFailed, detail);
-    match result {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((e, _))) => Err(failed(e.to_string())),
-        Err(_) => Err(failed("producer closed before delivery".to_string())),
+    for (origin, size, d) in deliveries.drain(..) {
+        match d.await {
+            Ok(Ok(_)) => summary.sent += 1,
+            Ok(Err((e, _))) if too_large(&e) => refused(&origin, size, summary),
+            Ok(Err((e, _))) => return Err(failed(format!("{origin}: {e}"))),
+            Err(_) => return Err(failed("producer closed before delivery".to_string())),
+        }
     }
+    Ok(())
 }
 
 /// Reads every knowledge-graph delta on `topic` (read_committed, from the beginning to the current end of each
