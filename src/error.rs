@@ -31,6 +31,7 @@ pub enum Stage {
     Source,
     Decode,
     Index,
+    Sink,
 }
 
 impl Stage {
@@ -39,6 +40,7 @@ impl Stage {
             Stage::Source => "source",
             Stage::Decode => "decode",
             Stage::Index => "index",
+            Stage::Sink => "sink",
         }
     }
 }
@@ -100,6 +102,7 @@ error_codes! {
     InvalidRtf => "invalid_rtf", DeadLetter, "A text/rtf attachment does not start with `{\\rtf` or is unbalanced.";
     EmptyNote => "empty_note", DeadLetter, "The decoded note holds no text (only whitespace or markup).";
     BinaryContent => "binary_content", DeadLetter, "A text attachment holds NUL bytes or other binary data.";
+    OutputTooLarge => "output_too_large", DeadLetter, "An output record of the note (variables or knowledge-graph delta) is larger than the producer's `message.max.bytes`; the event is dead-lettered instead of halting the worker.";
     InternalError => "internal_error", DeadLetter, "A stage failed unexpectedly (a bug); the event is dead-lettered and the run goes on.";
     KafkaUnavailable => "kafka_unavailable", Retry, "The Kafka cluster could not be reached, timed out or refused a request; retried with capped backoff, the partition never advances past the event.";
     DeliveryFailed => "delivery_failed", Halt, "An output record was not delivered within `kafka.halt_after_ms` (or was refused); the worker stops without committing.";

@@ -29,7 +29,7 @@ use tracing::{debug, error, info};
 use crate::ack::Acks;
 use crate::error::{Disposition, DocError, ErrorCode, RunError, Stage};
 use crate::model::{DeadLetter, Document, Origin};
-use crate::sink::Outputs;
+use crate::sink::{Handed, Outputs};
 use crate::source::{Intake, IntakeControl, Record};
 use crate::stages::Rejected;
 use crate::telemetry::metrics::metrics;
@@ -297,13 +297,23 @@ where
             Pending::Task(task) => task.await.unwrap_or_else(|e| panicked(&origin, e)),
         };
         metrics().in_flight.dec();
-        let dead = match result {
+        let result = match result {
             Ok(doc) => {
                 let clock = Instant::now();
-                let record = record.as_deref().expect("a processed record is kept");
-                self.outputs.document(&doc, record).await?;
+                let kept = record.as_deref().expect("a processed record is kept");
+                match self.outputs.document(&doc, kept).await? {
+                    Handed::Written => {
+                        observe_document(&doc, clock.elapsed());
+                        Ok(())
+                    }
+                    Handed::Refused(error) => Err(Rejected { error, doc_id: Some(doc.note.doc_id.clone()) }),
+                }
+            }
+            Err(rejected) => Err(rejected),
+        };
+        let dead = match result {
+            Ok(()) => {
                 self.summary.written += 1;
-                observe_document(&doc, clock.elapsed());
                 false
             }
             Err(rejected) => {
@@ -501,9 +511,9 @@ mod tests {
     }
 
     impl Outputs<FakeRecord> for FakeOutputs {
-        async fn document(&mut self, _doc: &Document, record: &FakeRecord) -> Result<(), RunError> {
+        async fn document(&mut self, _doc: &Document, record: &FakeRecord) -> Result<Handed, RunError> {
             self.hand(record);
-            Ok(())
+            Ok(Handed::Written)
         }
         async fn dead_letter(&mut self, _l: &DeadLetter, record: Option<&FakeRecord>) -> Result<(), RunError> {
             self.hand(record.expect("kept"));

@@ -750,3 +750,50 @@ fn produce_reports_an_event_over_the_message_limit_and_goes_on() {
         .collect();
     assert_eq!(keys, ["small-1", "small-2"], "the events before and after the refused one are on the topic");
 }
+
+/// A note whose knowledge-graph delta is larger than the producer's `message.max.bytes` is dead-lettered as
+/// `output_too_large` (nothing of it is sent), and the notes around it are processed and committed as usual.
+#[test]
+fn a_note_whose_outputs_exceed_the_message_limit_is_dead_lettered_and_the_others_go_on() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("output-limit");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 1);
+    let mut events = documents("output-limit", 10);
+    // Thousands of mentions under a 64-character id: one evidence entry each in the graph delta, each repeating the
+    // id (~80 bytes of Avro each, ~240 KB in all), while the event itself (~45 KB) and its dead letter stay under
+    // the 150 KB limit.
+    let huge = format!("huge-graph-{}", "x".repeat(53));
+    events.insert(5, Event::doc(&huge, &"Pneumonia. ".repeat(3000)));
+    produce(&addr, &names.input, &events);
+    let port = free_port();
+    let extra = vec![
+        ("CLINSTREAM__KAFKA__PRODUCER__MESSAGE__MAX__BYTES", "150000".to_string()),
+        ("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{port}")),
+    ];
+    let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
+    let done = try_wait_until(Duration::from_secs(60), || {
+        distinct_keys(&addr, &names.kg) == 10 && distinct_keys(&addr, &names.dlq) == 1
+    });
+    let metrics = http_get(port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+    let finished: Vec<&str> = metrics.lines().filter(|l| l.starts_with("clinstream_documents_")).collect();
+    assert!(
+        done,
+        "kg {} dlq {} input {}; {finished:?}\n{}",
+        distinct_keys(&addr, &names.kg),
+        distinct_keys(&addr, &names.dlq),
+        read_all(&addr, &names.input, false).len(),
+        w.log_tail(10)
+    );
+    wait_all_committed(&addr, &names, 15);
+    assert!(w.running(), "the worker halted:\n{}", w.log_tail(20));
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    let dlq = read_all(&addr, &names.dlq, true);
+    assert_eq!(dlq[0].key(), Some(huge.as_bytes()));
+    let reason = dlq[0].headers().unwrap().iter().find(|h| h.key == headers::REASON).and_then(|h| h.value);
+    assert_eq!(reason, Some(&b"output_too_large"[..]));
+    let keys = counts_by_key(&read_all(&addr, &names.kg, true));
+    assert!(!keys.contains_key(&huge), "nothing of the refused note was sent");
+}

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use super::{DeadLetter, Outputs, SinkError};
+use super::{DeadLetter, Handed, Outputs, SinkError};
 use crate::ack::Acks;
 use crate::codec::records::{DeadLetterRecord, NoteRecord, VariableRecord};
 use crate::error::RunError;
@@ -104,8 +104,9 @@ impl FileSink {
 
 /// File mode's outputs side: nothing to commit, so a checkpoint is a flush.
 impl<R: Record> Outputs<R> for FileSink {
-    async fn document(&mut self, doc: &Document, record: &R) -> Result<(), RunError> {
-        Ok(FileSink::document(self, doc, &record.origin())?)
+    async fn document(&mut self, doc: &Document, record: &R) -> Result<Handed, RunError> {
+        FileSink::document(self, doc, &record.origin())?;
+        Ok(Handed::Written)
     }
 
     async fn dead_letter(&mut self, letter: &DeadLetter, _record: Option<&R>) -> Result<(), RunError> {

@@ -20,13 +20,13 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::Outputs;
+use super::{Handed, Outputs};
 use crate::WORKER_VERSION;
 use crate::ack::{Acks, Batch};
 use crate::backoff::Backoff;
 use crate::codec::avro::{self, Encoder, Framing, SourcePosition};
 use crate::config::Settings;
-use crate::error::{ErrorCode, RunError};
+use crate::error::{DocError, ErrorCode, RunError, Stage};
 use crate::kafka::client_config;
 use crate::model::{DeadLetter, Document};
 use crate::source::kafka::{IntakeConsumer, KafkaRecord};
@@ -76,7 +76,12 @@ pub struct Output {
     lexicon_version: String,
     settings: crate::config::KafkaSettings,
     op_timeout: Duration,
+    /// The producer's `message.max.bytes` (librdkafka's default 1,000,000 unless configured).
+    max_message: usize,
 }
+
+/// Room for the record's framing and headers within `message.max.bytes`.
+const RECORD_OVERHEAD: usize = 512;
 
 fn halt(code: ErrorCode, detail: impl Into<String>) -> RunError {
     RunError::halt(code, detail)
@@ -123,6 +128,7 @@ impl Output {
             lexicon_version: lexicon_version.to_string(),
             settings: k.clone(),
             op_timeout: Duration::from_millis(k.retry_max_ms.max(10_000)),
+            max_message: k.property_ms(&k.producer, "message.max.bytes", 1_000_000) as usize,
         };
         if output.transactional {
             output.init_transactions().await?;
@@ -155,17 +161,36 @@ impl Output {
     }
 
     /// Sends a document's outputs: one variables record per CLEAR variable and one knowledge-graph delta.
-    async fn send_document(&mut self, doc: &Document) -> Result<(), RunError> {
+    /// Encodes every output of the document first; when one is over the producer's message size limit, nothing
+    /// is sent and the document is refused (dead-lettered by the runner), so the others go on.
+    async fn send_document(&mut self, doc: &Document) -> Result<Handed, RunError> {
         let key = doc.note.doc_id.as_bytes();
+        let mut records = Vec::with_capacity(doc.variables.len() + 1);
         for v in &doc.variables {
             let value = avro::variable_value(doc, v, &self.lexicon_version, self.include_text);
             let bytes =
                 self.variables.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("variables record: {e}")))?;
-            self.send(Out::Variables, Some(key), &bytes, None).await?;
+            records.push((Out::Variables, bytes));
         }
         let value = avro::kg_value(&doc.kg).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
         let bytes = self.kg.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
-        self.send(Out::Kg, Some(key), &bytes, None).await
+        records.push((Out::Kg, bytes));
+        // librdkafka counts key, value and record overhead against message.max.bytes.
+        if let Some((out, bytes)) =
+            records.iter().find(|(_, b)| b.len() + key.len() + RECORD_OVERHEAD > self.max_message)
+        {
+            let detail = format!(
+                "the {} record is {} bytes; the producer's message.max.bytes is {}",
+                out.as_str(),
+                bytes.len(),
+                self.max_message
+            );
+            return Ok(Handed::Refused(DocError::new(ErrorCode::OutputTooLarge, Stage::Sink, detail)));
+        }
+        for (out, bytes) in records {
+            self.send(out, Some(key), &bytes, None).await?;
+        }
+        Ok(Handed::Written)
     }
 
     /// Sends a dead letter: the original key and headers, `clinstream.*` headers, and the Avro envelope
@@ -390,7 +415,7 @@ impl Output {
 
 /// Kafka mode's outputs: documents and dead letters to the producer; a checkpoint commits.
 impl Outputs<KafkaRecord> for Output {
-    async fn document(&mut self, doc: &Document, _record: &KafkaRecord) -> Result<(), RunError> {
+    async fn document(&mut self, doc: &Document, _record: &KafkaRecord) -> Result<Handed, RunError> {
         self.send_document(doc).await
     }
 

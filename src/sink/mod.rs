@@ -13,15 +13,25 @@ pub mod kafka;
 use std::future::Future;
 
 use crate::ack::Acks;
-use crate::error::RunError;
 pub use crate::error::SinkError;
+use crate::error::{DocError, RunError};
 pub use crate::model::DeadLetter;
 use crate::model::Document;
+
+/// What became of a document's outputs.
+#[derive(Debug)]
+pub enum Handed {
+    /// Handed over (durable at the next checkpoint).
+    Written,
+    /// Not sendable (an output over the message size limit): nothing was sent, and the event is dead-lettered
+    /// with this error instead.
+    Refused(DocError),
+}
 
 /// The outputs side of a run, generic over the intake's record type `R`.
 pub trait Outputs<R> {
     /// A finished document's outputs.
-    fn document(&mut self, doc: &Document, record: &R) -> impl Future<Output = Result<(), RunError>>;
+    fn document(&mut self, doc: &Document, record: &R) -> impl Future<Output = Result<Handed, RunError>>;
     /// An event that produced no document; `record` when its bytes were kept (Kafka dead letters carry them).
     fn dead_letter(&mut self, letter: &DeadLetter, record: Option<&R>) -> impl Future<Output = Result<(), RunError>>;
     /// Makes everything handed over so far durable, then commits the watermarks `acks` allows.
