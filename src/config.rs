@@ -111,6 +111,20 @@ pub struct StoreSettings {
     /// Embedded store: after this many points written or deleted, flush the segments and run Qdrant's optimizers
     /// (vacuum, merge, index) in the background; 0 = only flush at shutdown.
     pub maintain_every: u64,
+    /// Server collections the worker creates: shards, replicas of each shard, and how many replicas confirm a
+    /// write.
+    pub shards: u32,
+    pub replication_factor: u32,
+    pub write_consistency: u32,
+    /// `none`, or `int8`: scalar quantization of the dense vectors (kept in RAM; the originals stay for rescoring).
+    pub quantization: String,
+    /// HNSW graph of the dense vectors: edges per node and the construction beam.
+    pub hnsw_m: u64,
+    pub hnsw_ef_construct: u64,
+    /// An alias readers use (`clinstream search`, the query service). Empty: none. The worker creates it pointing
+    /// at `collection` when it does not exist; switching it to a new collection is the model-swap step
+    /// (docs/operations.md).
+    pub alias: String,
 }
 
 /// Kafka mode (docs/kafka.md). The three passthrough maps go to librdkafka unchanged; secrets in them are
@@ -549,6 +563,27 @@ impl Settings {
         }
         if !(st.bm25_avg_len.is_finite() && st.bm25_avg_len > 0.0) {
             problems.push("store.bm25_avg_len: must be a positive number".to_string());
+        }
+        if st.shards == 0 {
+            problems.push("store.shards: must be at least 1".to_string());
+        }
+        if st.replication_factor == 0 {
+            problems.push("store.replication_factor: must be at least 1".to_string());
+        }
+        if st.write_consistency == 0 || st.write_consistency > st.replication_factor {
+            problems.push("store.write_consistency: must be between 1 and store.replication_factor".to_string());
+        }
+        if !["none", "int8"].contains(&st.quantization.as_str()) {
+            problems.push(format!("store.quantization: `{}` is not none or int8", st.quantization));
+        }
+        if !(4..=128).contains(&st.hnsw_m) {
+            problems.push("store.hnsw_m: must be between 4 and 128".to_string());
+        }
+        if !(4..=4096).contains(&st.hnsw_ef_construct) {
+            problems.push("store.hnsw_ef_construct: must be between 4 and 4096".to_string());
+        }
+        if st.alias == st.collection {
+            problems.push("store.alias: must differ from store.collection".to_string());
         }
     }
 

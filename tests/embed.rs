@@ -377,3 +377,100 @@ async fn seos_chunks_of_real_notes() {
         });
     }
 }
+
+/// Production collection settings from config reach the collection the worker creates (shards, HNSW, int8
+/// quantization), the reader alias is created and read through, and an existing collection of another shape
+/// (distance, missing sparse vector) is refused with a clear error — the worker stops at start-up (checked with
+/// `clinstream run` too) instead of writing into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_collections_get_the_configured_settings_and_a_foreign_shape_is_refused() {
+    use qdrant_client::qdrant::{
+        CreateCollectionBuilder, Distance, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, VectorParamsBuilder,
+        VectorsConfigBuilder,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(mut s) = server_settings(dir.path(), &server) else { return };
+    s.store.shards = 2;
+    s.store.quantization = "int8".into();
+    s.store.hnsw_m = 32;
+    s.store.hnsw_ef_construct = 200;
+    s.store.alias = common::qdrant::unique_collection("alias");
+    Store::open(&s.store, 384).await.unwrap();
+    let mut client = qdrant_client::Qdrant::from_url(&server.url);
+    if !server.api_key.is_empty() {
+        client = client.api_key(server.api_key.clone());
+    }
+    let client = client.build().unwrap();
+    let config = client.collection_info(&s.store.collection).await.unwrap().result.unwrap().config.unwrap();
+    let params = config.params.unwrap();
+    assert_eq!(params.shard_number, 2);
+    let hnsw = config.hnsw_config.unwrap();
+    assert_eq!((hnsw.m, hnsw.ef_construct), (Some(32), Some(200)));
+    let dense = match params.vectors_config.unwrap().config.unwrap() {
+        qdrant_client::qdrant::vectors_config::Config::ParamsMap(m) => m.map["dense"],
+        other => panic!("{other:?}"),
+    };
+    assert!(dense.quantization_config.is_some(), "int8 quantization configured on the dense vector");
+    let aliases = client.list_aliases().await.unwrap().aliases;
+    assert!(aliases.iter().any(|a| a.alias_name == s.store.alias && a.collection_name == s.store.collection));
+    // A reader goes through the alias.
+    let reader = Store::open_existing(&s.store).await.unwrap();
+    assert_eq!(reader.count().await.unwrap(), 0);
+
+    // Collections of another shape.
+    let euclid = common::qdrant::unique_collection("euclid");
+    let mut vectors = VectorsConfigBuilder::default();
+    vectors.add_named_vector_params("dense", VectorParamsBuilder::new(384, Distance::Euclid));
+    let mut sparse = SparseVectorsConfigBuilder::default();
+    sparse.add_named_vector_params("bm25", SparseVectorParamsBuilder::default());
+    client
+        .create_collection(CreateCollectionBuilder::new(&euclid).vectors_config(vectors).sparse_vectors_config(sparse))
+        .await
+        .unwrap();
+    let no_sparse = common::qdrant::unique_collection("nosparse");
+    let mut vectors = VectorsConfigBuilder::default();
+    vectors.add_named_vector_params("dense", VectorParamsBuilder::new(384, Distance::Cosine));
+    client.create_collection(CreateCollectionBuilder::new(&no_sparse).vectors_config(vectors)).await.unwrap();
+    for (collection, why) in [(&euclid, "with Euclid distance"), (&no_sparse, "has no `bm25` sparse vector")] {
+        let mut other = s.store.clone();
+        other.collection = collection.clone();
+        other.alias = String::new();
+        let e = Store::open(&other, 384).await.unwrap_err().to_string();
+        assert!(e.contains(why) && e.contains(collection.as_str()), "{e}");
+    }
+    // The worker stops at start-up, before reading anything.
+    let o = common::clinstream()
+        .args(["run", "--input", "examples", "--out"])
+        .arg(dir.path().join("out"))
+        .current_dir(root())
+        .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+        .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+        .env("CLINSTREAM__STORE__KIND", "qdrant")
+        .env("CLINSTREAM__STORE__URL", &server.url)
+        .env("CLINSTREAM__STORE__API_KEY", &server.api_key)
+        .env("CLINSTREAM__STORE__COLLECTION", &euclid)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("with Euclid distance") && stderr.contains("store_failed"), "{stderr}");
+    assert!(!dir.path().join("out/notes.ndjson").exists(), "nothing was processed");
+}
+
+/// A server that requires an API key: the worker's key opens it; a wrong key is a clear, non-retried error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_with_an_api_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut server) = common::qdrant::QdrantServer::start_with(&[("QDRANT__SERVICE__API_KEY", "k-123")]) else {
+        return;
+    };
+    server.api_key = "k-123".into();
+    let Some(mut s) = server_settings(dir.path(), &server) else { return };
+    Store::open(&s.store, 384).await.unwrap();
+    s.store.api_key = clinstream::config::Secret::new("wrong");
+    let e = Store::open(&s.store, 384).await.unwrap_err();
+    assert!(!e.is_transient(), "a refused key is not retried: {e}");
+    assert!(e.to_string().contains("Unauthenticated") || e.to_string().contains("PermissionDenied"), "{e}");
+    assert!(!e.to_string().contains("wrong"), "the key is never in messages: {e}");
+}

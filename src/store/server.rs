@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use qdrant_client::qdrant::{
-    Condition, CountPointsBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder, DeletePointsBuilder,
-    Distance, FieldType, Filter, Fusion, Modifier, PointStruct, PrefetchQueryBuilder, Query as QQuery,
-    QueryPointsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, UpsertPointsBuilder,
-    VectorParamsBuilder, VectorsConfigBuilder, point_id::PointIdOptions, vectors_config,
+    Condition, CountPointsBuilder, CreateAliasBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
+    DeletePointsBuilder, Distance, FieldType, Filter, Fusion, HnswConfigDiffBuilder, Modifier, PointStruct,
+    PrefetchQueryBuilder, Query as QQuery, QueryPointsBuilder, ScalarQuantizationBuilder, SparseVectorParamsBuilder,
+    SparseVectorsConfigBuilder, UpsertPointsBuilder, VectorParamsBuilder, VectorsConfigBuilder,
+    point_id::PointIdOptions, vectors_config,
 };
 use qdrant_client::{Payload, Qdrant, QdrantError};
 
@@ -58,62 +59,95 @@ fn classify(what: &str, e: QdrantError) -> StoreError {
 }
 
 impl ServerStore {
-    /// Connects, and with a dimension creates the collection (dense + sparse vectors, payload indexes) when it
-    /// is missing, or checks its dimension when it exists.
+    /// Connects. With a dimension (a writer): creates the collection with the configured settings (dense + sparse
+    /// vectors, shards, replicas, HNSW, quantization; payload indexes before the first point) when it is missing,
+    /// or checks its shape (dense vector name, dimension and distance; the sparse vector) when it exists — another
+    /// shape is a fatal error before anything is consumed; then creates `store.alias` when set and missing.
+    /// Without one (a reader): reads through `store.alias` when set.
     pub async fn open(s: &StoreSettings, dim: Option<usize>) -> Result<ServerStore, StoreError> {
         let mut builder = Qdrant::from_url(&s.url).timeout(Duration::from_millis(s.timeout_ms));
         if !s.api_key.expose().is_empty() {
             builder = builder.api_key(s.api_key.expose().to_string());
         }
         let client = builder.build().map_err(|e| classify("connect", e))?;
+        let Some(dim) = dim else {
+            let name = if s.alias.is_empty() { &s.collection } else { &s.alias };
+            let store = ServerStore { client, collection: name.clone(), batch: s.upsert_batch };
+            // Resolves aliases too: a missing collection is a clear error, not an empty answer later.
+            store.client.collection_info(name).await.map_err(|e| match classify("collection_info", e) {
+                StoreError::Failed(_) => {
+                    StoreError::fatal(format!("qdrant collection or alias `{name}` does not exist"))
+                }
+                transient => transient,
+            })?;
+            return Ok(store);
+        };
         let store = ServerStore { client, collection: s.collection.clone(), batch: s.upsert_batch };
         let exists =
             store.client.collection_exists(&store.collection).await.map_err(|e| classify("collection_exists", e))?;
-        match (exists, dim) {
-            (false, None) => {
-                return Err(StoreError::fatal(format!("qdrant collection `{}` does not exist", store.collection)));
-            }
-            (false, Some(dim)) => store.create(dim, s.on_disk).await?,
-            (true, Some(dim)) => {
-                let info = store
-                    .client
-                    .collection_info(&store.collection)
-                    .await
-                    .map_err(|e| classify("collection_info", e))?;
-                let size = info
-                    .result
-                    .and_then(|r| r.config)
-                    .and_then(|c| c.params)
-                    .and_then(|p| p.vectors_config)
-                    .and_then(|v| v.config)
-                    .and_then(|c| match c {
-                        vectors_config::Config::ParamsMap(m) => m.map.get(DENSE).map(|p| p.size as usize),
-                        vectors_config::Config::Params(_) => None,
-                    });
-                match size {
-                    Some(size) if size == dim => {}
-                    Some(size) => {
-                        return Err(StoreError::fatal(format!(
-                            "qdrant collection `{}` holds {size}-dimensional `{DENSE}` vectors; the model gives {dim}",
-                            store.collection
-                        )));
-                    }
-                    None => {
-                        return Err(StoreError::fatal(format!(
-                            "qdrant collection `{}` has no `{DENSE}` vector",
-                            store.collection
-                        )));
-                    }
-                }
-            }
-            (true, None) => {}
+        if exists {
+            store.check_shape(dim).await?;
+        } else {
+            store.create(dim, s).await?;
+        }
+        if !s.alias.is_empty() {
+            store.ensure_alias(&s.alias).await?;
         }
         Ok(store)
     }
 
-    async fn create(&self, dim: usize, on_disk: bool) -> Result<(), StoreError> {
+    /// The existing collection must hold what this worker writes: `DENSE` vectors of `dim` with cosine distance,
+    /// and the `SPARSE` vector.
+    async fn check_shape(&self, dim: usize) -> Result<(), StoreError> {
+        let info = self.client.collection_info(&self.collection).await.map_err(|e| classify("collection_info", e))?;
+        let params = info.result.and_then(|r| r.config).and_then(|c| c.params);
+        let name = &self.collection;
+        let refuse = |why: String| {
+            Err(StoreError::fatal(format!("qdrant collection `{name}` {why}; see docs/operations.md (model swap)")))
+        };
+        let Some(params) = params else { return refuse("reports no parameters".into()) };
+        let dense = params.vectors_config.and_then(|v| v.config).and_then(|c| match c {
+            vectors_config::Config::ParamsMap(m) => m.map.get(DENSE).cloned(),
+            vectors_config::Config::Params(_) => None,
+        });
+        let Some(dense) = dense else { return refuse(format!("has no named `{DENSE}` vector")) };
+        if dense.size as usize != dim {
+            return refuse(format!("holds {}-dimensional `{DENSE}` vectors; the model gives {dim}", dense.size));
+        }
+        if dense.distance != Distance::Cosine as i32 {
+            let distance = Distance::try_from(dense.distance).map_or("unknown", |d| d.as_str_name());
+            return refuse(format!("measures `{DENSE}` with {distance} distance; clinstream writes cosine"));
+        }
+        if !params.sparse_vectors_config.is_some_and(|s| s.map.contains_key(SPARSE)) {
+            return refuse(format!("has no `{SPARSE}` sparse vector"));
+        }
+        Ok(())
+    }
+
+    /// Creates `alias` pointing at this collection unless an alias of that name exists (pointing anywhere: after
+    /// a model swap it points at the new collection, and an old worker must not move it back).
+    async fn ensure_alias(&self, alias: &str) -> Result<(), StoreError> {
+        let aliases = self.client.list_aliases().await.map_err(|e| classify("list_aliases", e))?;
+        if aliases.aliases.iter().any(|a| a.alias_name == alias) {
+            return Ok(());
+        }
+        if let Err(e) = self.client.create_alias(CreateAliasBuilder::new(&self.collection, alias)).await {
+            // Another replica may have created it first.
+            let aliases = self.client.list_aliases().await.map_err(|e| classify("list_aliases", e))?;
+            if !aliases.aliases.iter().any(|a| a.alias_name == alias) {
+                return Err(classify("create_alias", e));
+            }
+        }
+        Ok(())
+    }
+
+    async fn create(&self, dim: usize, s: &StoreSettings) -> Result<(), StoreError> {
+        let mut dense = VectorParamsBuilder::new(dim as u64, Distance::Cosine).on_disk(s.on_disk);
+        if s.quantization == "int8" {
+            dense = dense.quantization_config(ScalarQuantizationBuilder::default().always_ram(true));
+        }
         let mut vectors = VectorsConfigBuilder::default();
-        vectors.add_named_vector_params(DENSE, VectorParamsBuilder::new(dim as u64, Distance::Cosine).on_disk(on_disk));
+        vectors.add_named_vector_params(DENSE, dense);
         let mut sparse = SparseVectorsConfigBuilder::default();
         sparse.add_named_vector_params(SPARSE, SparseVectorParamsBuilder::default().modifier(Modifier::Idf));
         let created = self
@@ -122,7 +156,11 @@ impl ServerStore {
                 CreateCollectionBuilder::new(&self.collection)
                     .vectors_config(vectors)
                     .sparse_vectors_config(sparse)
-                    .on_disk_payload(on_disk),
+                    .on_disk_payload(s.on_disk)
+                    .shard_number(s.shards)
+                    .replication_factor(s.replication_factor)
+                    .write_consistency_factor(s.write_consistency)
+                    .hnsw_config(HnswConfigDiffBuilder::default().m(s.hnsw_m).ef_construct(s.hnsw_ef_construct)),
             )
             .await;
         if let Err(e) = created {

@@ -21,6 +21,7 @@ pub struct QdrantServer {
     child: Option<Child>,
     storage: Option<tempfile::TempDir>,
     binary: Option<PathBuf>,
+    extra: Vec<(String, String)>,
 }
 
 fn server_binary() -> Option<PathBuf> {
@@ -41,6 +42,16 @@ impl QdrantServer {
     /// Starts a server (or uses `QDRANT_URL`); `None` (after a loud SKIPPED line) when there is none and the run
     /// does not require one.
     pub fn start() -> Option<QdrantServer> {
+        Self::start_with(&[])
+    }
+
+    /// Like `start`, with extra `QDRANT__*` settings for a local server (e.g. an API key); `None` with an
+    /// external `QDRANT_URL`, whose settings the test cannot choose.
+    pub fn start_with(extra: &[(&str, &str)]) -> Option<QdrantServer> {
+        if !extra.is_empty() && std::env::var("QDRANT_URL").is_ok() {
+            eprintln!("SKIPPED: this test configures its own Qdrant server; QDRANT_URL points elsewhere");
+            return None;
+        }
         if let Ok(url) = std::env::var("QDRANT_URL") {
             return Some(QdrantServer {
                 url,
@@ -50,6 +61,7 @@ impl QdrantServer {
                 child: None,
                 storage: None,
                 binary: None,
+                extra: Vec::new(),
             });
         }
         let Some(binary) = server_binary() else {
@@ -69,6 +81,7 @@ impl QdrantServer {
             child: None,
             storage: Some(storage),
             binary: Some(binary),
+            extra: extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         server.url = format!("http://127.0.0.1:{}", server.grpc_port);
         server.restart();
@@ -93,6 +106,7 @@ impl QdrantServer {
             .env("QDRANT__STORAGE__SNAPSHOTS_PATH", dir.join("snapshots"))
             .env("QDRANT__TELEMETRY_DISABLED", "true")
             .env("QDRANT__LOG_LEVEL", "WARN")
+            .envs(self.extra.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
