@@ -16,7 +16,7 @@ SHARED ?= ../shared
 HELM_SDK_VERSION := 0.2.2
 NOIDA_VERSION := 0.2.3
 
-.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench bench-e2e bench-rss kafka model
+.PHONY: help build run test lint unit fuzz fmt clean eval vocab tools bench bench-e2e bench-rss kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
@@ -29,6 +29,7 @@ help:
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
+	@echo "make chaos  full-size fault runs (kill storms with indexing, a minute without Qdrant, a minute without the broker); prints FIGURES lines"
 
 build:
 	$(CARGO) build --release --locked
@@ -68,6 +69,14 @@ unit:
 
 fmt:
 	$(CARGO) fmt
+
+# The fault tests at full size (tests/kafka.rs, `chaos_*`, ignored in `make test`): 10,000 events with 20 SIGKILLs and
+# indexing into a Qdrant server, with and without transactions; the Qdrant server and the broker each away for a
+# minute mid-stream. Each prints a FIGURES line (recorded in docs/reliability.md). About 15-25 minutes on 2 cores.
+chaos: tools model
+	set -o pipefail; CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 $(CARGO) test --release --locked --test kafka chaos_ -- \
+	  --ignored --nocapture --test-threads=1 2>&1 | tee $(CARGO_TARGET_DIR)/chaos.log
+	@grep '^FIGURES' $(CARGO_TARGET_DIR)/chaos.log
 
 # cargo-fuzz needs a nightly compiler; the build machines have one preinstalled (`cargo +nightly`).
 fuzz:

@@ -801,6 +801,29 @@ mod tests {
         assert!(s.output.include_text);
     }
 
+    /// Every numeric and boolean key, set to a value of the wrong type through its environment variable, is
+    /// refused at load with the key named (strings take any text; their allowed values are checked by `validate`).
+    #[test]
+    fn every_key_with_a_wrong_type_is_refused_with_its_name() {
+        let defaults = toml::Value::try_from(Settings::load_from(None, env(&[])).unwrap()).unwrap();
+        let mut checked = 0;
+        for (section, table) in defaults.as_table().unwrap() {
+            let Some(table) = table.as_table() else { continue };
+            for (key, value) in table {
+                let bad = match value {
+                    toml::Value::Integer(_) | toml::Value::Float(_) => "not-a-number",
+                    toml::Value::Boolean(_) => "maybe",
+                    _ => continue,
+                };
+                let var = format!("CLINSTREAM__{}__{}", section.to_uppercase(), key.to_uppercase());
+                let err = Settings::load_from(None, env(&[(&var, bad)])).unwrap_err().to_string();
+                assert!(err.contains(&format!("{section}.{key}")), "{var}={bad}: {err}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 40, "only {checked} keys checked");
+    }
+
     #[test]
     fn unknown_keys_are_rejected_with_their_name() {
         let err = Settings::load_from(None, env(&[("CLINSTREAM__DECODE__MAX_ATACHMENT_BYTES", "1")])).unwrap_err();

@@ -66,6 +66,33 @@ pub struct Chunk {
     pub tokens: usize,
 }
 
+/// Opens the store, riding out a store that is unavailable at start-up (retried with the store backoff for
+/// `store.halt_after_ms`, readiness false meanwhile); any other failure, or one lasting longer, stops start-up.
+async fn open_store(settings: &Settings, dim: usize) -> Result<Store, StoreError> {
+    let halt_after = Duration::from_millis(settings.store.halt_after_ms);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), halt_after);
+    loop {
+        match Store::open(&settings.store, dim).await {
+            Ok(store) => {
+                health::set_store_reachable(true);
+                return Ok(store);
+            }
+            Err(e) if e.is_transient() => {
+                health::set_store_reachable(false);
+                match backoff.failed_with(e.retry_after()) {
+                    Some(wait) => {
+                        metrics().store_retries.inc();
+                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable at start-up; retrying.");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The indexer could not start: the model, the store, or settings that do not fit the model.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -99,7 +126,7 @@ impl Indexer {
                 c.chunk_tokens, info.special_tokens, info.max_tokens
             )));
         }
-        let store = Store::open(&settings.store, info.dim).await?;
+        let store = open_store(settings, info.dim).await?;
         let cpu = Cpu {
             embedder: embedder.clone(),
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,

@@ -474,3 +474,96 @@ async fn server_store_with_an_api_key() {
     assert!(e.to_string().contains("Unauthenticated") || e.to_string().contains("PermissionDenied"), "{e}");
     assert!(!e.to_string().contains("wrong"), "the key is never in messages: {e}");
 }
+
+/// Peak resident memory of a process while it runs (kB), sampled from /proc every 50 ms.
+fn peak_rss_kb(child: &mut std::process::Child) -> u64 {
+    let mut peak = 0;
+    while matches!(child.try_wait(), Ok(None)) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+        let rss = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        peak = peak.max(rss);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    peak
+}
+
+/// A slow store: the worker reaches the Qdrant server through a proxy that holds every chunk 20 ms and stalls
+/// all traffic for 500 ms of every 2 s, past the 250 ms store timeout, so the calls in flight then time out. Every note is still written (timeouts are retried, never
+/// dead-lettered), the store holds the same points as a run without the proxy, and backpressure keeps the peak
+/// memory within a margin of that run's (the in-flight budget and the bounded channel, not the input size).
+#[test]
+fn a_slow_store_slows_the_worker_without_dead_letters_or_unbounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start_with(&[("QDRANT__LOG_LEVEL", "WARN")]) else { return };
+    let Some(s) = settings(dir.path()) else { return };
+    // 24 real notes, three times over under other ids (72 events).
+    let mut events = String::new();
+    let fixtures = root().join("tests/fixtures/mtsamples");
+    let mut names: Vec<_> = std::fs::read_dir(&fixtures).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    for round in 0..3 {
+        for (i, path) in names.iter().filter(|p| p.extension().is_some_and(|e| e == "txt")).enumerate() {
+            let text = std::fs::read_to_string(path).unwrap();
+            let bytes = note(&format!("slow-{round}-{i}"), "1", "current", &format!("Patient/p{i}"), &text);
+            events.push_str(std::str::from_utf8(&bytes).unwrap());
+            events.push('\n');
+        }
+    }
+    let input = dir.path().join("events.ndjson");
+    std::fs::write(&input, &events).unwrap();
+    let run = |tag: &str, port: u16, timeout_ms: &str| {
+        let collection = common::qdrant::unique_collection(tag);
+        let mut child = common::clinstream()
+            .args(["run", "--no-progress", "--input"])
+            .arg(&input)
+            .arg("--out")
+            .arg(dir.path().join(tag))
+            .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+            .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+            .env("CLINSTREAM__CHUNKING__STRATEGY", "fixed")
+            .env("CLINSTREAM__STORE__KIND", "qdrant")
+            .env("CLINSTREAM__STORE__URL", format!("http://127.0.0.1:{port}"))
+            .env("CLINSTREAM__STORE__COLLECTION", &collection)
+            .env("CLINSTREAM__STORE__TIMEOUT_MS", timeout_ms)
+            .env("CLINSTREAM__STORE__UPSERT_BATCH", "16")
+            .env("CLINSTREAM__PIPELINE__IN_FLIGHT", "8")
+            .env("CLINSTREAM__PIPELINE__SOURCE_CHANNEL", "4")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(dir.path().join(format!("{tag}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        let peak = peak_rss_kb(&mut child);
+        let out = child.wait_with_output().unwrap();
+        let log = std::fs::read_to_string(dir.path().join(format!("{tag}.log"))).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{tag}: {}\n{log}", String::from_utf8_lossy(&out.stdout));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut store_settings = s.store.clone();
+        store_settings.kind = "qdrant".into();
+        store_settings.url = server.url.clone();
+        store_settings.collection = collection;
+        let points = rt.block_on(async { Store::open_existing(&store_settings).await.unwrap().count().await.unwrap() });
+        (peak, points, String::from_utf8_lossy(&out.stdout).into_owned(), log)
+    };
+    let (fast_peak, fast_points, fast_summary, _) = run("direct", server.grpc_port, "10000");
+    let ms = std::time::Duration::from_millis;
+    let proxy = common::proxy::SlowProxy::start_with_stalls(server.grpc_port, ms(20), ms(2000), ms(500));
+    let (slow_peak, slow_points, slow_summary, slow_log) = run("slow", proxy.port, "250");
+    eprintln!(
+        "peak RSS direct {fast_peak} kB, through the slow proxy {slow_peak} kB; points {fast_points}/{slow_points}"
+    );
+    let count = |summary: &str, label: &str| -> Option<u64> {
+        summary.lines().find_map(|l| l.trim().strip_prefix(label)?.trim().parse().ok())
+    };
+    for summary in [&fast_summary, &slow_summary] {
+        assert_eq!(count(summary, "documents written"), Some(72), "{summary}");
+        assert_eq!(count(summary, "dead-lettered"), Some(0), "{summary}");
+    }
+    assert_eq!(slow_points, fast_points, "the same points through the slow store");
+    assert!(slow_log.contains("Vector store unavailable"), "the short timeout was hit and retried:\n{slow_log}");
+    assert!(proxy.forwarded.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    assert!(slow_peak < fast_peak + fast_peak / 2, "memory grew with the slow store: {fast_peak} -> {slow_peak} kB");
+}

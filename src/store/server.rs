@@ -49,6 +49,8 @@ fn classify(what: &str, e: QdrantError) -> StoreError {
                         | Code::ResourceExhausted
                         | Code::Aborted
                         | Code::Unknown
+                        // The client's own request timeout (`store.timeout_ms`) ends a call as Cancelled.
+                        | Code::Cancelled
                 );
             let detail = format!("qdrant {what}: {:?}", status.code());
             if transient { StoreError::unavailable(detail) } else { StoreError::Failed(detail) }

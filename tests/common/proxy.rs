@@ -1,0 +1,90 @@
+//! A TCP proxy on loopback that holds every chunk it forwards, in either direction, for a fixed delay: a slow
+//! link to a store (or any server), for backpressure and timeout tests. Stopped when dropped.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub struct SlowProxy {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+    /// Bytes forwarded so far (both directions).
+    pub forwarded: Arc<AtomicU64>,
+}
+
+impl SlowProxy {
+    /// Forwards 127.0.0.1:`port` (returned) to 127.0.0.1:`upstream`, each chunk after `delay`.
+    pub fn start(upstream: u16, delay: Duration) -> SlowProxy {
+        Self::start_with_stalls(upstream, delay, Duration::from_secs(3600), Duration::ZERO)
+    }
+
+    /// Like `start`, and the link stalls: in every `period`, traffic is held for its first `stall` (longer than a
+    /// client's timeout, the calls in flight then fail and are retried).
+    pub fn start_with_stalls(upstream: u16, delay: Duration, period: Duration, stall: Duration) -> SlowProxy {
+        let started = Instant::now();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let forwarded = Arc::new(AtomicU64::new(0));
+        let (stop2, forwarded2) = (Arc::clone(&stop), Arc::clone(&forwarded));
+        std::thread::spawn(move || {
+            while !stop2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+                        client.set_nonblocking(false).unwrap();
+                        for (from, to) in [(&client, &server), (&server, &client)] {
+                            let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                            let (stop, forwarded) = (Arc::clone(&stop2), Arc::clone(&forwarded2));
+                            let timing = Timing { started, delay, period, stall };
+                            std::thread::spawn(move || pump(from, to, timing, &stop, &forwarded));
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        SlowProxy { port, stop, forwarded }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Timing {
+    started: Instant,
+    delay: Duration,
+    period: Duration,
+    stall: Duration,
+}
+
+impl Timing {
+    /// How long a chunk read now waits: the delay, plus the rest of a stall window it falls into.
+    fn wait(&self) -> Duration {
+        let into = Duration::from_nanos((self.started.elapsed().as_nanos() % self.period.as_nanos()) as u64);
+        self.delay + self.stall.saturating_sub(into)
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, timing: Timing, stop: &AtomicBool, forwarded: &AtomicU64) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        std::thread::sleep(timing.wait());
+        if stop.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        forwarded.fetch_add(n as u64, Ordering::SeqCst);
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
