@@ -107,7 +107,7 @@ fn definition_errors_name_the_variable_and_field() {
     let mut bad = def("Bad Name", &[]);
     bad.concepts = vec!["DOID:does-not-exist".into()];
     bad.sections = vec!["nowhere".into()];
-    let err = clear::compile(&[bad, def("dup", &["x"]), def("dup", &["y"])], 150, 1024, &lex).unwrap_err();
+    let err = clear::compile(&[bad, def("dup", &["x"]), def("dup", &["y"])], 150, 1024, &lex).unwrap_err().to_string();
     for expected in [
         "name: must be snake_case",
         "unknown concept id `DOID:does-not-exist`",

@@ -29,7 +29,7 @@ impl std::fmt::Debug for PhraseMatcher {
 
 impl PhraseMatcher {
     /// `phrases`: (text, case_sensitive). Phrase indexes are positions in this list.
-    pub fn new<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)>) -> Result<Self, String> {
+    pub fn new<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)>) -> Result<Self, super::LexiconError> {
         let mut patterns = Vec::new();
         let mut exact = Vec::new();
         for (text, case_sensitive) in phrases {
@@ -40,7 +40,7 @@ impl PhraseMatcher {
             .ascii_case_insensitive(true)
             .match_kind(MatchKind::Standard)
             .build(&patterns)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| super::LexiconError(e.to_string()))?;
         Ok(Self { automaton, exact })
     }
 

@@ -17,6 +17,12 @@ use matcher::PhraseMatcher;
 
 pub use crate::model::EntityKind;
 
+/// The vocabulary data could not be read or compiled (a build-time data error, or variable synonyms the matcher
+/// cannot take). The message names the file line or the phrase's position, never a note's text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LexiconError(pub String);
+
 const CONCEPTS_TSV: &str = include_str!("../../data/lexicon/concepts.tsv");
 const TERMS_TSV: &str = include_str!("../../data/lexicon/terms.tsv");
 const VERSION: &str = include_str!("../../data/lexicon/VERSION");
@@ -49,7 +55,7 @@ pub struct Lexicon {
     /// (term, case_sensitive) of each matcher phrase, kept to rebuild with extra terms.
     terms: Vec<(String, bool)>,
     /// Built on first use: the built-in lexicon is usually only the base of `with_extra`.
-    matcher: OnceLock<Result<PhraseMatcher, String>>,
+    matcher: OnceLock<Result<PhraseMatcher, LexiconError>>,
     version: String,
 }
 
@@ -77,15 +83,18 @@ impl Lexicon {
             .clone()
     }
 
-    pub fn parse(concepts_tsv: &str, terms_tsv: &str, version: &str) -> Result<Self, String> {
+    pub fn parse(concepts_tsv: &str, terms_tsv: &str, version: &str) -> Result<Self, LexiconError> {
         let mut concepts = Vec::new();
         let mut by_id = HashMap::new();
         let mut parent_ids: Vec<&str> = Vec::new();
         for (n, line) in concepts_tsv.lines().enumerate().filter(|(_, l)| !l.starts_with('#') && !l.is_empty()) {
             let c: Vec<&str> = line.split('\t').collect();
-            let [id, kind, preferred, codes, parents] = c[..] else { return Err(format!("concepts line {}", n + 1)) };
+            let [id, kind, preferred, codes, parents] = c[..] else {
+                return Err(LexiconError(format!("concepts line {}", n + 1)));
+            };
             parent_ids.push(parents);
-            let kind = EntityKind::parse(kind).ok_or_else(|| format!("concepts line {}: kind {kind}", n + 1))?;
+            let kind =
+                EntityKind::parse(kind).ok_or_else(|| LexiconError(format!("concepts line {}: kind {kind}", n + 1)))?;
             by_id.insert(id.to_string(), concepts.len() as u32);
             concepts.push(Concept {
                 id: id.to_string(),
@@ -100,8 +109,11 @@ impl Lexicon {
         let mut term_concept = Vec::new();
         for (n, line) in terms_tsv.lines().enumerate().filter(|(_, l)| !l.starts_with('#') && !l.is_empty()) {
             let c: Vec<&str> = line.split('\t').collect();
-            let [term, id, case_sensitive, ..] = c[..] else { return Err(format!("terms line {}", n + 1)) };
-            let concept = *by_id.get(id).ok_or_else(|| format!("terms line {}: unknown concept", n + 1))?;
+            let [term, id, case_sensitive, ..] = c[..] else {
+                return Err(LexiconError(format!("terms line {}", n + 1)));
+            };
+            let concept =
+                *by_id.get(id).ok_or_else(|| LexiconError(format!("terms line {}: unknown concept", n + 1)))?;
             terms.push((term.to_string(), case_sensitive == "1"));
             term_concept.push(concept);
         }
@@ -117,7 +129,7 @@ impl Lexicon {
     }
 
     /// A copy with extra terms (variable synonyms); new concept ids become new concepts.
-    pub fn with_extra(&self, extra: &[ExtraTerm]) -> Result<Self, String> {
+    pub fn with_extra(&self, extra: &[ExtraTerm]) -> Result<Self, LexiconError> {
         let mut concepts = self.concepts.clone();
         let mut parents = self.parents.clone();
         let mut by_id = self.by_id.clone();
@@ -192,11 +204,11 @@ impl Lexicon {
     }
 
     /// Builds the automaton now (it is otherwise built on first use); reports a build failure.
-    pub fn warm(&self) -> Result<(), String> {
+    pub fn warm(&self) -> Result<(), LexiconError> {
         self.matcher().map(|_| ())
     }
 
-    fn matcher(&self) -> Result<&PhraseMatcher, String> {
+    fn matcher(&self) -> Result<&PhraseMatcher, LexiconError> {
         self.matcher
             .get_or_init(|| PhraseMatcher::new(self.terms.iter().map(|(t, cs)| (t.as_str(), *cs))))
             .as_ref()

@@ -18,6 +18,7 @@
 
 use std::sync::OnceLock;
 
+use crate::lexicon::LexiconError;
 use crate::lexicon::matcher::{PhraseMatch, PhraseMatcher};
 pub use crate::model::Assertion;
 
@@ -75,7 +76,7 @@ impl ContextRules {
         RULES.get_or_init(|| ContextRules::parse(CUES_TSV).expect("the built-in cue list is valid"))
     }
 
-    pub fn parse(tsv: &str) -> Result<Self, String> {
+    pub fn parse(tsv: &str) -> Result<Self, LexiconError> {
         let mut phrases: Vec<String> = Vec::new();
         let mut cues: Vec<Vec<Cue>> = Vec::new();
         let mut index = std::collections::HashMap::new();
@@ -85,7 +86,7 @@ impl ContextRules {
             }
             let cols: Vec<&str> = line.split('\t').collect();
             let [phrase, category, direction, ..] = cols[..] else {
-                return Err(format!("cue line {}: expected 4 columns", n + 1));
+                return Err(LexiconError(format!("cue line {}: expected 4 columns", n + 1)));
             };
             let category = match category {
                 "negated" => Category::Negated,
@@ -95,14 +96,14 @@ impl ContextRules {
                 "family" => Category::Family,
                 "pseudo" => Category::Pseudo,
                 "terminate" => Category::Terminate,
-                other => return Err(format!("cue line {}: unknown category {other}", n + 1)),
+                other => return Err(LexiconError(format!("cue line {}: unknown category {other}", n + 1))),
             };
             let direction = match direction {
                 "forward" => Direction::Forward,
                 "backward" => Direction::Backward,
                 "both" => Direction::Both,
                 "none" => Direction::None,
-                other => return Err(format!("cue line {}: unknown direction {other}", n + 1)),
+                other => return Err(LexiconError(format!("cue line {}: unknown direction {other}", n + 1))),
             };
             let i = *index.entry(phrase.to_string()).or_insert_with(|| {
                 phrases.push(phrase.to_string());

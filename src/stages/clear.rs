@@ -14,6 +14,7 @@
 
 use std::collections::HashSet;
 
+use crate::config::ConfigError;
 pub use crate::config::{Decision, VariableDef};
 use crate::lexicon::{EntityKind, ExtraTerm, Lexicon};
 use crate::model::variable::EvidenceMention;
@@ -50,7 +51,7 @@ pub fn compile(
     window_words: usize,
     token_budget: usize,
     base: &Lexicon,
-) -> Result<(Lexicon, Vec<Variable>), String> {
+) -> Result<(Lexicon, Vec<Variable>), ConfigError> {
     let mut problems = Vec::new();
     let mut names = HashSet::new();
     let mut extra = Vec::new();
@@ -100,9 +101,9 @@ pub fn compile(
         }
     }
     if !problems.is_empty() {
-        return Err(problems.join("\n"));
+        return Err(ConfigError::Invalid(problems));
     }
-    let lexicon = base.with_extra(&extra)?;
+    let lexicon = base.with_extra(&extra).map_err(|e| ConfigError::Invalid(vec![format!("clear.variables: {e}")]))?;
     let vars = defs
         .iter()
         .zip(known_targets)

@@ -88,8 +88,7 @@ impl Pipeline {
             None => {
                 let c = &settings.clear;
                 let (lexicon, variables) =
-                    clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())
-                        .map_err(|why| ConfigError::Invalid(vec![why]))?;
+                    clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())?;
                 let compiled = Arc::new(Compiled { lexicon, variables });
                 cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
                 compiled
