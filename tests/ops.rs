@@ -123,6 +123,24 @@ fn metrics_health_and_promtool_without_phi() {
     assert!(!dead.contains("CANARY"), "no PHI in dead letters (the invalid id is not echoed)");
 }
 
+/// A real Prometheus server on `prom_port` scraping the worker on `port` every second (data in `dir`).
+fn prometheus(dir: &Path, port: u16, prom_port: u16) -> Child {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: clinstream\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+    )
+    .unwrap();
+    Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn a_real_prometheus_scrapes_the_worker() {
     if !have("prometheus") {
@@ -132,20 +150,7 @@ fn a_real_prometheus_scrapes_the_worker() {
     let dir = tempfile::tempdir().unwrap();
     let (port, prom_port) = (free_port(), free_port());
     let mut child = worker(port, &dir.path().join("out"));
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: clinstream\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
-    )
-    .unwrap();
-    let mut prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut prom = prometheus(dir.path(), port, prom_port);
     let n = feed(&mut child, port);
     let mut last = String::new();
     let found = (|| {
@@ -353,20 +358,7 @@ fn every_dashboard_series_exists_from_start_up() {
     let (port, prom_port) = (free_port(), free_port());
     let child = worker(port, &dir.path().join("out"));
     wait_until(Duration::from_secs(60), "/readyz", || http_get(port, "/readyz").is_some_and(|(s, _)| s == 200));
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: clinstream\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
-    )
-    .unwrap();
-    let mut prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut prom = prometheus(dir.path(), port, prom_port);
     let query = |expr: &str| -> Option<serde_json::Value> {
         let encoded: String = expr
             .bytes()
