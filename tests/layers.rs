@@ -157,3 +157,77 @@ fn the_reader_itself_finds_paths() {
         crate_refs("use crate::model::{A, B};\nuse crate::{ack::Acks, error::{E, F}, runner};\nx(crate::stages::f())");
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["ack", "error", "model", "runner", "stages"]);
 }
+
+/// Inside one module directory, the files' imports form no cycle either (e.g. `stages/rtf.rs` and
+/// `stages/attachment.rs` once imported each other; the charset helpers now live in `stages/charset.rs`).
+#[test]
+fn no_import_cycles_between_the_files_of_a_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut cycles = Vec::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let module = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.ok()?.path();
+                let stem = p.file_stem()?.to_str()?.to_string();
+                (p.extension()? == "rs" && stem != "mod").then_some(stem)
+            })
+            .collect();
+        // Edges: a file to the sibling files it names as `crate::<module>::x`, `super::x` or in `{…}` groups.
+        let mut edges: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+        for f in &files {
+            let code = without_tests(&std::fs::read_to_string(dir.join(format!("{f}.rs"))).unwrap());
+            let mut targets = BTreeSet::new();
+            for prefix in [format!("crate::{module}::"), "super::".to_string()] {
+                let mut rest = code.as_str();
+                while let Some(i) = rest.find(&prefix) {
+                    rest = &rest[i + prefix.len()..];
+                    let names = crate_refs(&format!("crate::{}", &rest[..rest.len().min(400)]));
+                    if rest.starts_with('{') {
+                        targets.extend(names);
+                    } else {
+                        targets.extend(names.into_iter().take(1));
+                    }
+                }
+            }
+            targets.retain(|t| t != f && files.contains(t));
+            edges.insert(f.clone(), targets);
+        }
+        // Depth-first search for a cycle.
+        fn visit(
+            n: &str,
+            edges: &std::collections::BTreeMap<String, BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut BTreeSet<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(i) = path.iter().position(|p| p == n) {
+                return Some(path[i..].to_vec());
+            }
+            if done.contains(n) {
+                return None;
+            }
+            path.push(n.to_string());
+            for m in edges.get(n).into_iter().flatten() {
+                if let Some(c) = visit(m, edges, path, done) {
+                    return Some(c);
+                }
+            }
+            path.pop();
+            done.insert(n.to_string());
+            None
+        }
+        let mut done = BTreeSet::new();
+        for f in &files {
+            if let Some(cycle) = visit(f, &edges, &mut Vec::new(), &mut done) {
+                cycles.push(format!("{module}: {}", cycle.join(" -> ")));
+                break;
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles between files:\n{}", cycles.join("\n"));
+}

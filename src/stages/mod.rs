@@ -6,6 +6,7 @@
 
 pub mod assertion;
 pub mod attachment;
+pub mod charset;
 pub mod chunk;
 pub mod clear;
 pub mod decode;

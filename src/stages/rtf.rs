@@ -7,7 +7,7 @@
 //! Fails with `invalid_rtf` when the input does not start with `{\rtf` or closes more groups than it opens.
 
 use crate::error::{DocError, ErrorCode};
-use crate::stages::attachment::windows_1252;
+use crate::stages::charset::windows_1252;
 
 /// Destinations whose content is not document text.
 const SKIP_DESTINATIONS: &[&str] = &[
