@@ -539,8 +539,11 @@ fn broker_outage(n: usize, outage: Duration) {
     let data = tempfile::tempdir().unwrap();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    // The worker starts first: nothing listens on the port yet.
-    let mut w = Worker::start(&WorkerConfig::new(&addr, &names, dir.path(), "w"));
+    // The worker starts first: nothing listens on the port yet. A StatefulSet replica (static membership): after a
+    // long outage the broker has expired the session, and the test broker (noida-db) blocks a dynamic member's
+    // rejoin for the whole rebalance timeout (see docs/kafka.md); a static member takes its partitions back.
+    let extra = vec![("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".to_string())];
+    let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
     std::thread::sleep(Duration::from_secs(3));
     assert!(w.child.try_wait().unwrap().is_none(), "the worker gave up without a broker:\n{}", w.log_text());
     let mut broker = Broker::start(port, data.path());
@@ -558,10 +561,15 @@ fn broker_outage(n: usize, outage: Duration) {
     let was_down = down.elapsed();
     let back = Instant::now();
     produce(&addr, &names.input, &documents("after", n));
-    wait_until(Duration::from_secs(120 + n as u64 / 20), "every document after the restart", || {
+    let mut missing = 0;
+    let all = try_wait_until(Duration::from_secs(120 + n as u64 / 20), || {
         let keys = counts_by_key(&read_all(&addr, &names.kg, false));
-        (0..n).all(|i| keys.contains_key(&format!("before-{i}")) && keys.contains_key(&format!("after-{i}")))
+        missing = (0..n)
+            .filter(|i| !(keys.contains_key(&format!("before-{i}")) && keys.contains_key(&format!("after-{i}"))))
+            .count();
+        missing == 0
     });
+    assert!(all, "{missing} documents without outputs after the restart; worker log:\n{}", w.log_tail(40));
     let caught_up = back.elapsed();
     wait_all_committed(&addr, &names, 30);
     w.sigterm();
