@@ -135,6 +135,8 @@ fn server_settings(dir: &Path, server: &common::qdrant::QdrantServer) -> Option<
     s.store.url = server.url.clone();
     s.store.api_key = clinstream::config::Secret::new(server.api_key.clone());
     s.store.collection = common::qdrant::unique_collection("test");
+    // Creating a sharded collection can take seconds on a loaded 2-core machine (CI, parallel suites).
+    s.store.timeout_ms = 60_000;
     Some(s)
 }
 

@@ -455,7 +455,7 @@ fn rebalance_when_a_worker_leaves_mid_stream() {
     let mut a = Worker::start(&cfg("a"));
     let mut b = Worker::start(&cfg("b"));
     // Both in the group before the events arrive.
-    wait_until(Duration::from_secs(30), "both workers assigned", || {
+    wait_until(Duration::from_secs(90), "both workers assigned", || {
         a.log_text().contains("Partitions assigned") && b.log_text().contains("Partitions assigned")
     });
     std::thread::sleep(Duration::from_secs(2));
