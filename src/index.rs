@@ -66,31 +66,35 @@ pub struct Chunk {
     pub tokens: usize,
 }
 
-/// Opens the store, riding out a store that is unavailable at start-up (retried with the store backoff for
-/// `store.halt_after_ms`, readiness false meanwhile); any other failure, or one lasting longer, stops start-up.
-async fn open_store(settings: &Settings, dim: usize) -> Result<Store, StoreError> {
-    let halt_after = Duration::from_millis(settings.store.halt_after_ms);
+/// Runs a store operation, retrying transient failures with capped backoff (honouring retry-after) for
+/// `halt_after`; readiness follows the store meanwhile. The last error is returned when failures last longer, or
+/// at once when one is not transient.
+async fn retry_store<T, F, Fut>(halt_after: Duration, mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), halt_after);
     loop {
-        match Store::open(&settings.store, dim).await {
-            Ok(store) => {
-                health::set_store_reachable(true);
-                return Ok(store);
-            }
-            Err(e) if e.is_transient() => {
-                health::set_store_reachable(false);
-                match backoff.failed_with(e.retry_after()) {
-                    Some(wait) => {
-                        metrics().store_retries.inc();
-                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable at start-up; retrying.");
-                        tokio::time::sleep(wait).await;
-                    }
-                    None => return Err(e),
+        let result = op().await;
+        health::set_store_reachable(!result.as_ref().is_err_and(|e| e.is_transient()));
+        match result {
+            Err(e) if e.is_transient() => match backoff.failed_with(e.retry_after()) {
+                Some(wait) => {
+                    metrics().store_retries.inc();
+                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
+                    tokio::time::sleep(wait).await;
                 }
-            }
-            Err(e) => return Err(e),
+                None => return Err(e),
+            },
+            other => return other,
         }
     }
+}
+
+/// Opens the store, riding out a store that is unavailable at start-up (`store.halt_after_ms`).
+async fn open_store(settings: &Settings, dim: usize) -> Result<Store, StoreError> {
+    retry_store(Duration::from_millis(settings.store.halt_after_ms), || Store::open(&settings.store, dim)).await
 }
 
 /// The indexer could not start: the model, the store, or settings that do not fit the model.
@@ -230,29 +234,14 @@ impl Indexer {
         Ok(n)
     }
 
-    /// Runs a store operation, retrying transient failures with capped backoff for `store.halt_after_ms`.
-    async fn retrying<F, Fut>(&self, mut op: F) -> Result<(), DocError>
+    /// A store operation for a document: retried while transient (`retry_store`), then a Halt code
+    /// (`store_unavailable` after `store.halt_after_ms`, `store_failed` at once otherwise).
+    async fn retrying<F, Fut>(&self, op: F) -> Result<(), DocError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), StoreError>>,
     {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5), self.halt_after);
-        loop {
-            let result = op().await;
-            health::set_store_reachable(!result.as_ref().is_err_and(|e| e.is_transient()));
-            match result {
-                Ok(()) => return Ok(()),
-                Err(e) if e.is_transient() => match backoff.failed_with(e.retry_after()) {
-                    Some(wait) => {
-                        metrics().store_retries.inc();
-                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
-                        tokio::time::sleep(wait).await;
-                    }
-                    None => return Err(DocError::new(ErrorCode::StoreUnavailable, Stage::Index, e.to_string())),
-                },
-                Err(e) => return Err(DocError::new(ErrorCode::StoreFailed, Stage::Index, e.to_string())),
-            }
-        }
+        retry_store(self.halt_after, op).await.map_err(|e| DocError::new(e.code(), Stage::Index, e.to_string()))
     }
 }
 
