@@ -3,7 +3,10 @@
 #   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200);
 #   3. end to end through a local broker, 1 and 2 workers (E2E_NOTES notes, default 300; E2E_NOTES=0 skips);
-#   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips).
+#   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips);
+#   5. int8 scalar quantization against exact search on a Qdrant server (SHARED/tools/qdrant/qdrant-server, or
+#      QDRANT_URL for another server): recall@10 and latency of HNSW, int8 without and with rescoring
+#      (QUANT_NOTES stored notes, default 300; 0 skips).
 # Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes for 1; default all 4,966 non-empty notes)
 # Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI), and for
 # 3 the broker from `make tools`.
@@ -43,6 +46,24 @@ if [ "${RSS_SECONDS:-300}" != 0 ]; then
     "$WORK/rss-none.json" "$WORK/rss-seos.json" > "$WORK/rss.json"
 fi
 
+echo '{}' > "$WORK/quantization.json"
+if [ "${QUANT_NOTES:-300}" != 0 ]; then
+  echo "int8 quantization against exact search on a Qdrant server (${QUANT_NOTES:-300} notes stored)..." >&2
+  url=${QDRANT_URL:-}
+  if [ -z "$url" ]; then
+    qdir=$(mktemp -d); http=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$http QDRANT__SERVICE__GRPC_PORT=$grpc \
+      QDRANT__STORAGE__STORAGE_PATH=$qdir/storage QDRANT__STORAGE__SNAPSHOTS_PATH=$qdir/snapshots \
+      QDRANT__TELEMETRY_DISABLED=true QDRANT__LOG_LEVEL=WARN "$SHARED/tools/qdrant/qdrant-server" > "$qdir/log" 2>&1 &
+    qpid=$!
+    trap 'kill $qpid 2>/dev/null; rm -rf "$qdir"' EXIT
+    for _ in $(seq 600); do curl -sf "http://127.0.0.1:$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+    url=http://127.0.0.1:$grpc
+  fi
+  "$BIN" bench quantization --csv "$WORK/mtsamples.csv" --url "$url" --notes "${QUANT_NOTES:-300}" > "$WORK/quantization.json"
+fi
+
 python3 - "$WORK" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 work = sys.argv[1]
@@ -51,6 +72,7 @@ m = json.load(open(f"{work}/medspacy.json"))
 e = json.load(open(f"{work}/embed.json"))
 e2e = json.load(open(f"{work}/e2e.json"))
 rss = json.load(open(f"{work}/rss.json"))
+quant = json.load(open(f"{work}/quantization.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -63,6 +85,7 @@ result = {
     "embedding": e,
     "kafka_e2e": e2e,
     "rss": rss,
+    "quantization": quant,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -94,5 +117,14 @@ for mode, x in rss.items():
           f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; heap {x['anon_mb_after_warmup']:.0f} -> "
           f"{x['anon_mb_last']:.0f} MB, file-backed {x['file_mb_after_warmup']:.0f} -> {x['file_mb_last']:.0f} MB; "
           f"{x['documents']} documents, {x['points']} points)")
+if quant:
+    print(f"int8 quantization ({quant['model']}, {quant['points']} points of {quant['notes']} notes, {quant['indexed_vectors']} "
+          f"HNSW-indexed; {quant['queries']} held-out queries, top {quant['top']}), against exact search side by side:")
+    exact = quant["modes"][0]
+    for m in quant["modes"]:
+        s = m["search"]
+        name = s["mode"] + (f" rescore={s['rescore']} oversampling={s['oversampling']}" if s["mode"] == "int8" else "")
+        print(f"  {name:<40} recall@{quant['top']} {m['recall']:.4f}   mean {m['mean_ms']:.2f} ms "
+              f"(x{m['mean_ms'] / exact['mean_ms']:.2f} of exact)   p95 {m['p95_ms']:.2f} ms")
 print(f"wrote {path}")
 PY

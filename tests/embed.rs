@@ -419,6 +419,28 @@ async fn server_collections_get_the_configured_settings_and_a_foreign_shape_is_r
     // A reader goes through the alias.
     let reader = Store::open_existing(&s.store).await.unwrap();
     assert_eq!(reader.count().await.unwrap(), 0);
+    // Hybrid search on the int8 collection (dense prefetch rescored with oversampling) finds what was written.
+    let writer = Store::open(&s.store, 384).await.unwrap();
+    let points: Vec<_> = (0..8)
+        .map(|i| clinstream::store::Point {
+            id: clinstream::store::point_id("q8", "1", i),
+            dense: (0..384).map(|d| ((d * (i + 1)) % 7) as f32 - 3.0).collect(),
+            sparse: Default::default(),
+            payload: serde_json::json!({"doc_id": format!("q8-{i}")}).as_object().unwrap().clone(),
+        })
+        .collect();
+    writer.upsert(points.clone()).await.unwrap();
+    let hits = reader
+        .search(&Query {
+            dense: points[5].dense.clone(),
+            sparse: Default::default(),
+            patient: None,
+            section: None,
+            top: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(hits.first().map(|h| h.payload["doc_id"].clone()), Some(Value::from("q8-5")), "{hits:?}");
 
     // Collections of another shape.
     let euclid = common::qdrant::unique_collection("euclid");
@@ -499,20 +521,34 @@ fn peak_rss_kb(child: &mut std::process::Child) -> u64 {
 /// memory within a margin of that run's (the in-flight budget and the bounded channel, not the input size).
 #[test]
 fn a_slow_store_slows_the_worker_without_dead_letters_or_unbounded_memory() {
+    slow_store(3);
+}
+
+/// The slow store at `make chaos` size: 24 real notes 40 times over (960 events, several minutes behind the
+/// stalling proxy).
+#[test]
+#[ignore = "full size: make chaos"]
+fn chaos_slow_store_at_length() {
+    slow_store(40);
+}
+
+/// 24 real notes, `rounds` times over under other ids, through the stalling proxy and directly.
+fn slow_store(rounds: usize) {
     let dir = tempfile::tempdir().unwrap();
     let Some(server) = common::qdrant::QdrantServer::start_with(&[("QDRANT__LOG_LEVEL", "WARN")]) else { return };
     let Some(s) = settings(dir.path()) else { return };
-    // 24 real notes, three times over under other ids (72 events).
     let mut events = String::new();
     let fixtures = root().join("tests/fixtures/mtsamples");
     let mut names: Vec<_> = std::fs::read_dir(&fixtures).unwrap().map(|e| e.unwrap().path()).collect();
     names.sort();
-    for round in 0..3 {
+    let mut n = 0u64;
+    for round in 0..rounds {
         for (i, path) in names.iter().filter(|p| p.extension().is_some_and(|e| e == "txt")).enumerate() {
             let text = std::fs::read_to_string(path).unwrap();
             let bytes = note(&format!("slow-{round}-{i}"), "1", "current", &format!("Patient/p{i}"), &text);
             events.push_str(std::str::from_utf8(&bytes).unwrap());
             events.push('\n');
+            n += 1;
         }
     }
     let input = dir.path().join("events.ndjson");
@@ -550,10 +586,14 @@ fn a_slow_store_slows_the_worker_without_dead_letters_or_unbounded_memory() {
         let points = rt.block_on(async { Store::open_existing(&store_settings).await.unwrap().count().await.unwrap() });
         (peak, points, String::from_utf8_lossy(&out.stdout).into_owned(), log)
     };
+    let clock = std::time::Instant::now();
     let (fast_peak, fast_points, fast_summary, _) = run("direct", server.grpc_port, "10000");
+    let direct_s = clock.elapsed().as_secs_f64();
     let ms = std::time::Duration::from_millis;
     let proxy = common::proxy::SlowProxy::start_with_stalls(server.grpc_port, ms(20), ms(2000), ms(500));
+    let clock = std::time::Instant::now();
     let (slow_peak, slow_points, slow_summary, slow_log) = run("slow", proxy.port, "250");
+    let slow_s = clock.elapsed().as_secs_f64();
     eprintln!(
         "peak RSS direct {fast_peak} kB, through the slow proxy {slow_peak} kB; points {fast_points}/{slow_points}"
     );
@@ -561,11 +601,136 @@ fn a_slow_store_slows_the_worker_without_dead_letters_or_unbounded_memory() {
         summary.lines().find_map(|l| l.trim().strip_prefix(label)?.trim().parse().ok())
     };
     for summary in [&fast_summary, &slow_summary] {
-        assert_eq!(count(summary, "documents written"), Some(72), "{summary}");
+        assert_eq!(count(summary, "documents written"), Some(n), "{summary}");
         assert_eq!(count(summary, "dead-lettered"), Some(0), "{summary}");
     }
     assert_eq!(slow_points, fast_points, "the same points through the slow store");
     assert!(slow_log.contains("Vector store unavailable"), "the short timeout was hit and retried:\n{slow_log}");
     assert!(proxy.forwarded.load(std::sync::atomic::Ordering::SeqCst) > 0);
     assert!(slow_peak < fast_peak + fast_peak / 2, "memory grew with the slow store: {fast_peak} -> {slow_peak} kB");
+    let retried = slow_log.matches("Vector store unavailable").count();
+    println!(
+        "FIGURES slow store: {n} events through a proxy holding each chunk 20 ms and stalling 500 ms of every 2 s \
+         (store timeout 250 ms): {n} written, 0 dead letters, {retried} timed-out store calls retried, points \
+         {slow_points} = direct {fast_points}, peak RSS {slow_peak} kB vs {fast_peak} kB direct, {slow_s:.0} s vs \
+         {direct_s:.0} s direct"
+    );
+}
+
+/// A private CA and a server certificate for 127.0.0.1 signed by it (openssl, as an operator would make them).
+fn private_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl is needed for the TLS test (Debian: apt-get install openssl)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ca = ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=clinstream test CA"];
+    run(&[&["req", "-x509"][..], &ec, &ca].concat());
+    run(&[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat());
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    (dir.join("ca.pem"), dir.join("server.pem"), dir.join("server.key"))
+}
+
+/// TLS to the server: Qdrant serving TLS with a certificate from a private CA. The worker writes over
+/// `https://` when the CA is trusted (`SSL_CERT_FILE`, as the platform's trust store is extended in a pod), and
+/// `clinstream search` reads the notes back over it; with the CA not trusted the worker does not talk to the
+/// server at all: it retries the connection (a transient store failure) and stops after `store.halt_after_ms`
+/// with `store_unavailable`, before consuming anything.
+#[test]
+fn server_store_over_tls_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = private_ca(dir.path());
+    let (cert, key) = (cert.to_str().unwrap().to_string(), key.to_str().unwrap().to_string());
+    let Some(server) = common::qdrant::QdrantServer::start_with(&[
+        ("QDRANT__SERVICE__ENABLE_TLS", "true"),
+        ("QDRANT__TLS__CERT", &cert),
+        ("QDRANT__TLS__KEY", &key),
+    ]) else {
+        return;
+    };
+    assert!(server.url.starts_with("https://"), "{}", server.url);
+    let Some(s) = settings(dir.path()) else { return };
+    let mut events = Vec::new();
+    for i in 0..3 {
+        events.extend(note(&format!("tls-{i}"), "1", "current", "Patient/tls", "ASSESSMENT: Pneumonia, improving."));
+        events.push(b'\n');
+    }
+    let input = dir.path().join("events.ndjson");
+    std::fs::write(&input, &events).unwrap();
+    let collection = common::qdrant::unique_collection("tls");
+    let worker = |tag: &str, trust: Option<&Path>| {
+        let mut cmd = common::clinstream();
+        cmd.args(["run", "--no-progress", "--input"])
+            .arg(&input)
+            .arg("--out")
+            .arg(dir.path().join(tag))
+            .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+            .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+            .env("CLINSTREAM__STORE__KIND", "qdrant")
+            .env("CLINSTREAM__STORE__URL", &server.url)
+            .env("CLINSTREAM__STORE__COLLECTION", &collection)
+            .env("CLINSTREAM__STORE__HALT_AFTER_MS", "3000")
+            .env("SSL_CERT_DIR", dir.path().join("no-certs"));
+        match trust {
+            Some(ca) => cmd.env("SSL_CERT_FILE", ca),
+            None => cmd.env("SSL_CERT_FILE", dir.path().join("no-such-ca.pem")),
+        };
+        cmd.output().unwrap()
+    };
+    let untrusted = worker("untrusted", None);
+    let log = String::from_utf8_lossy(&untrusted.stderr);
+    assert_eq!(untrusted.status.code(), Some(1), "an untrusted server stops the worker:\n{log}");
+    assert!(log.contains("store_unavailable"), "{log}");
+    let consumed = std::fs::read_to_string(dir.path().join("untrusted/notes.ndjson")).unwrap_or_default();
+    assert!(consumed.is_empty(), "nothing is consumed before the store is reachable");
+
+    let trusted = worker("trusted", Some(&ca));
+    let stdout = String::from_utf8_lossy(&trusted.stdout);
+    assert_eq!(trusted.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&trusted.stderr));
+    let written = stdout.lines().find_map(|l| l.trim().strip_prefix("documents written")?.trim().parse::<u64>().ok());
+    assert_eq!(written, Some(3), "{stdout}");
+    let search = common::clinstream()
+        .args(["search", "--query", "pneumonia", "--patient", "Patient/tls", "--json", "-k", "10"])
+        .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+        .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+        .env("CLINSTREAM__STORE__KIND", "qdrant")
+        .env("CLINSTREAM__STORE__URL", &server.url)
+        .env("CLINSTREAM__STORE__COLLECTION", &collection)
+        .env("SSL_CERT_FILE", &ca)
+        .output()
+        .unwrap();
+    let hits = String::from_utf8_lossy(&search.stdout);
+    assert!(search.status.success(), "{}", String::from_utf8_lossy(&search.stderr));
+    let mut docs: Vec<String> = hits
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["payload"]["doc_id"].as_str().unwrap().to_string())
+        .collect();
+    docs.sort();
+    docs.dedup();
+    assert_eq!(docs, ["tls-0", "tls-1", "tls-2"], "read back over TLS");
 }

@@ -575,9 +575,12 @@ fn broker_outage(n: usize, outage: Duration) {
     w.sigterm();
     assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
     assert_eq!(distinct_keys(&addr, &names.dlq), 0, "nothing was dead-lettered");
+    // A restarted test broker forgets idempotent producer state: the worker then replaces its producer in-process.
+    let replaced = w.log_text().matches("Producer hit a fatal error").count();
     println!(
         "FIGURES broker outage: down {:.0} s mid-stream ({at_stop} of {n} documents had outputs), worker alive \
-         throughout; all {} documents' outputs {:.1} s after the restart; 0 dead letters; all committed",
+         throughout (producer replaced after a fatal idempotence error {replaced} times); all {} documents' outputs \
+         {:.1} s after the restart; 0 dead letters; all committed",
         was_down.as_secs_f64(),
         2 * n,
         caught_up.as_secs_f64()

@@ -264,3 +264,122 @@ pub fn embed(
         runs: runs.max(1),
     })
 }
+
+/// Recall of int8 scalar quantization against exact search on a Qdrant server (`make bench`).
+#[derive(Debug, serde::Serialize)]
+pub struct QuantizationBench {
+    pub model: String,
+    /// Notes whose sentence groups were stored, and how many points that made.
+    pub notes: usize,
+    pub points: u64,
+    /// Points the server had indexed with HNSW when the queries ran (below Qdrant's indexing threshold a segment
+    /// is searched without the graph; the bench asks for the graph everywhere).
+    pub indexed_vectors: u64,
+    /// Queries: sentence groups of further notes, not stored.
+    pub queries: usize,
+    pub top: usize,
+    pub modes: Vec<SearchMode>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct SearchMode {
+    pub search: crate::store::DenseSearch,
+    /// Mean share of the exact top-`top` ids found (exact search: 1 by definition).
+    pub recall: f64,
+    pub mean_ms: f64,
+    pub p95_ms: f64,
+}
+
+/// Stores the SEOS sentence groups of `notes` notes in a new int8-quantized collection on the server at `url`,
+/// waits until its optimizers are idle, then asks `queries` held-out sentence groups for their `top` neighbours
+/// by exact search (the truth), HNSW on full vectors, and HNSW on int8 vectors with and without rescoring.
+pub fn quantization(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+    notes: usize,
+    queries: usize,
+    top: usize,
+    url: &str,
+) -> anyhow::Result<QuantizationBench> {
+    use crate::store::{DenseSearch, Point, server::ServerStore};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let per_note = embed_inputs(pipeline, events, &embedder);
+    anyhow::ensure!(per_note.len() > notes, "need more than {notes} readable notes, found {}", per_note.len());
+    let mut store_settings = settings.store.clone();
+    store_settings.url = url.to_string();
+    store_settings.quantization = "int8".into();
+    store_settings.alias.clear();
+    store_settings.collection = format!("clinstream-bench-int8-{}", std::process::id());
+    rt.block_on(async {
+        let dim = embedder.info().dim;
+        let store = ServerStore::open(&store_settings, Some(dim)).await?;
+        for (n, inputs) in per_note[..notes].iter().enumerate() {
+            let vectors = embedder.embed_ids(inputs.clone()).await?;
+            let points = vectors
+                .into_iter()
+                .enumerate()
+                .map(|(i, dense)| Point {
+                    id: crate::store::point_id(&format!("bench-{n}"), "1", i),
+                    dense,
+                    sparse: Default::default(),
+                    payload: Default::default(),
+                })
+                .collect();
+            store.upsert(points).await?;
+        }
+        let held_out: Vec<Vec<u32>> = per_note[notes..].iter().flatten().cloned().collect();
+        let step = (held_out.len() / queries.max(1)).max(1);
+        let picked: Vec<Vec<u32>> = held_out.into_iter().step_by(step).take(queries).collect();
+        let query_vectors = embedder.embed_ids(picked).await?;
+        store.index_every_segment().await?;
+        let waited = Instant::now();
+        let (points, indexed) = loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let (points, indexed, green) = store.index_status().await?;
+            if (green && indexed >= points) || waited.elapsed() > Duration::from_secs(600) {
+                break (points, indexed);
+            }
+        };
+        let modes = [
+            DenseSearch::Exact,
+            DenseSearch::Hnsw,
+            DenseSearch::Int8 { rescore: false, oversampling: 1.0 },
+            DenseSearch::Int8 { rescore: true, oversampling: 1.0 },
+            DenseSearch::Int8 { rescore: true, oversampling: 2.0 },
+        ];
+        let mut truth = Vec::new();
+        for q in &query_vectors {
+            truth.push(store.nearest(q.clone(), top, DenseSearch::Exact).await?);
+        }
+        let mut out = Vec::new();
+        for how in modes {
+            let (mut found, mut ms) = (0usize, Vec::new());
+            for (q, exact) in query_vectors.iter().zip(&truth) {
+                let clock = Instant::now();
+                let ids = store.nearest(q.clone(), top, how).await?;
+                ms.push(clock.elapsed().as_secs_f64() * 1e3);
+                found += ids.iter().filter(|id| exact.contains(id)).count();
+            }
+            let expected: usize = truth.iter().map(Vec::len).sum();
+            let mean_ms = ms.iter().sum::<f64>() / ms.len().max(1) as f64;
+            ms.sort_by(f64::total_cmp);
+            out.push(SearchMode {
+                search: how,
+                recall: found as f64 / expected.max(1) as f64,
+                mean_ms,
+                p95_ms: percentile(&ms, 0.95),
+            });
+        }
+        Ok(QuantizationBench {
+            model: embedder.info().name.clone(),
+            notes,
+            points,
+            indexed_vectors: indexed,
+            queries: query_vectors.len(),
+            top,
+            modes: out,
+        })
+    })
+}

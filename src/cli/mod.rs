@@ -207,6 +207,26 @@ enum BenchCommand {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Recall of int8 scalar quantization against exact search on a Qdrant server: stores the sentence groups of
+    /// `--notes` notes in a new int8 collection, then compares the top `--top` of held-out queries under exact
+    /// search, HNSW, and HNSW on int8 vectors with and without rescoring; prints JSON.
+    Quantization {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        /// The Qdrant server (gRPC), e.g. http://127.0.0.1:6334.
+        #[arg(long, env = "QDRANT_URL")]
+        url: String,
+        #[arg(long, default_value_t = 300)]
+        notes: usize,
+        #[arg(long, default_value_t = 200)]
+        queries: usize,
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -385,6 +405,14 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             let events = bench::events(&csv, &column, Some(limit)).context("reading the corpus")?;
             let r = bench::embed(&settings, &pipeline, &events, runs)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Quantization { csv, column, url, notes, queries, top, config } } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            // The stored notes, then enough further notes for the held-out queries.
+            let events = bench::events(&csv, &column, Some(notes + 50)).context("reading the corpus")?;
+            let r = bench::quantization(&settings, &pipeline, &events, notes, queries, top, &url)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -13,8 +13,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedMessage;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -63,6 +65,8 @@ impl Out {
 /// Kafka mode's outputs side: the producer, the encoders, and the consumer it commits through.
 pub struct Output {
     producer: FutureProducer,
+    /// The producer's configuration, kept to build a new one after a fatal idempotence error.
+    producer_config: ClientConfig,
     consumer: Arc<IntakeConsumer>,
     transactional: bool,
     /// Deliveries not yet confirmed, oldest first.
@@ -112,11 +116,13 @@ impl Output {
             config.set(key, value);
         }
         let producer: FutureProducer = config.create().map_err(|e| RunError::Config(format!("kafka producer: {e}")))?;
+        let producer_config = config;
         let [fv, fk, fd] = framing;
         let enc =
             |schema: &str, f: Framing| Encoder::new(schema, f).map_err(|e| RunError::Config(format!("schema: {e}")));
         let mut output = Output {
             producer,
+            producer_config,
             consumer,
             transactional: k.transactions,
             deliveries: Vec::new(),
@@ -234,11 +240,11 @@ impl Output {
         headers: Option<OwnedHeaders>,
     ) -> Result<(), RunError> {
         let topic = match out {
-            Out::Variables => self.settings.variables_topic.as_str(),
-            Out::Kg => self.settings.kg_topic.as_str(),
-            Out::Dlq => self.settings.dlq_topic.as_str(),
+            Out::Variables => self.settings.variables_topic.clone(),
+            Out::Kg => self.settings.kg_topic.clone(),
+            Out::Dlq => self.settings.dlq_topic.clone(),
         };
-        let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(payload);
+        let mut record = FutureRecord::<[u8], [u8]>::to(&topic).payload(payload);
         if let Some(key) = key {
             record = record.key(key);
         }
@@ -262,23 +268,82 @@ impl Output {
                         None => return Err(halt(ErrorCode::DeliveryFailed, "producer queue stayed full")),
                     }
                 }
+                Err((e, back)) if self.recoverable() => {
+                    // The producer is in a fatal state (see `await_deliveries`): settle what it still holds, send
+                    // that again through a new producer, then this record.
+                    warn!(error = %e, "The producer refused a record after a fatal error; replacing it.");
+                    record = back;
+                    self.await_deliveries().await?;
+                    if self.recoverable() {
+                        self.replace_producer(&mut backoff).await?;
+                    }
+                }
                 Err((e, _)) => return Err(halt(ErrorCode::DeliveryFailed, format!("{} record: {e}", out.as_str()))),
             }
         }
     }
 
-    /// Waits until every record sent so far is delivered. A failed delivery halts (nothing is committed).
+    /// True when the producer hit a fatal error that a new producer overcomes without losing anything: with
+    /// idempotence only (no transactions), every record it did not deliver comes back with its delivery report
+    /// and is sent again. (A transactional producer's fatal error halts: its open transaction is lost with it,
+    /// and the restarted worker resumes from the last committed transaction.)
+    fn recoverable(&self) -> bool {
+        !self.transactional && self.producer.client().fatal_error().is_some()
+    }
+
+    /// Replaces a producer that hit a fatal error with a new one (a new producer id, sequence numbers from zero).
+    /// The typical cause: a broker that lost the idempotent producer's state across a restart answers
+    /// `OutOfOrderSequenceNumber`, which librdkafka makes fatal. Retried with the Kafka backoff; halts after it.
+    async fn replace_producer(&mut self, backoff: &mut Backoff) -> Result<(), RunError> {
+        let (code, _) = self.producer.client().fatal_error().unwrap_or((RDKafkaErrorCode::Fatal, String::new()));
+        warn!(code = ErrorCode::DeliveryFailed.as_str(), cause = ?code, "Producer hit a fatal error; replacing it.");
+        metrics().retries.with_label_values(&["producer"]).inc();
+        match backoff.failed() {
+            Some(d) => tokio::time::sleep(d).await,
+            None => return Err(halt(ErrorCode::DeliveryFailed, format!("producer fatal error persists: {code:?}"))),
+        }
+        let fresh: FutureProducer = self
+            .producer_config
+            .create()
+            .map_err(|e| halt(ErrorCode::DeliveryFailed, format!("new kafka producer: {e}")))?;
+        let old = std::mem::replace(&mut self.producer, fresh);
+        // Dropping a producer purges and joins its thread (up to 0.5 s): off the async workers.
+        tokio::task::spawn_blocking(move || drop(old));
+        Ok(())
+    }
+
+    /// Waits until every record sent so far is delivered. A failed delivery halts (nothing is committed) —
+    /// except after a fatal producer error without transactions (`recoverable`): the records it did not deliver
+    /// are sent again, in their order, through a new producer, so nothing is lost (a record the broker did take
+    /// before the error may appear twice, as at-least-once allows).
     async fn await_deliveries(&mut self) -> Result<(), RunError> {
-        for (out, delivery) in self.deliveries.drain(..) {
-            match delivery.await {
-                Ok(Ok(_)) => metrics().records_produced.with_label_values(&[out.as_str()]).inc(),
-                Ok(Err((e, _))) => {
-                    return Err(halt(ErrorCode::DeliveryFailed, format!("{} record not delivered: {e}", out.as_str())));
+        let mut backoff = Backoff::kafka(&self.settings);
+        loop {
+            let mut undelivered: Vec<(Out, OwnedMessage)> = Vec::new();
+            for (out, delivery) in std::mem::take(&mut self.deliveries) {
+                match delivery.await {
+                    Ok(Ok(_)) => metrics().records_produced.with_label_values(&[out.as_str()]).inc(),
+                    Ok(Err((_, message))) if self.recoverable() => undelivered.push((out, message)),
+                    Ok(Err((e, _))) => {
+                        return Err(halt(
+                            ErrorCode::DeliveryFailed,
+                            format!("{} record not delivered: {e}", out.as_str()),
+                        ));
+                    }
+                    Err(_) => return Err(halt(ErrorCode::DeliveryFailed, "producer closed before delivery")),
                 }
-                Err(_) => return Err(halt(ErrorCode::DeliveryFailed, "producer closed before delivery")),
+            }
+            if undelivered.is_empty() {
+                return Ok(());
+            }
+            self.replace_producer(&mut backoff).await?;
+            info!(records = undelivered.len(), "Sending the undelivered records again through the new producer.");
+            for (out, message) in undelivered {
+                let headers = message.headers().cloned();
+                // Boxed: `send` itself settles deliveries (and so may come back here) when the producer is fatal.
+                Box::pin(self.send(out, message.key(), message.payload().unwrap_or_default(), headers)).await?;
             }
         }
-        Ok(())
     }
 
     /// Makes the outputs sent so far durable and commits the watermarks the ack core allows (assigned
@@ -455,4 +520,81 @@ fn lost_ownership(e: &KafkaError) -> bool {
                 | RDKafkaErrorCode::AssignmentLost
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    use super::*;
+    use crate::ack::Ledger;
+
+    /// A broker that forgot the idempotent producer's state (a restarted test broker does) answers
+    /// `OutOfOrderSequenceNumber`, which librdkafka makes fatal for the producer. Without transactions the output
+    /// side replaces the producer and sends what the old one did not deliver: every record arrives. librdkafka's
+    /// mock cluster injects the error, so no broker is needed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fatal_idempotence_error_replaces_the_producer_and_loses_nothing() {
+        let mock = MockCluster::new(1).unwrap();
+        let mut settings = Settings::load_from(None, Some(Default::default())).unwrap();
+        settings.kafka.bootstrap_servers = mock.bootstrap_servers();
+        settings.kafka.halt_after_ms = 60_000;
+        for topic in [&settings.kafka.kg_topic, &settings.kafka.variables_topic, &settings.kafka.dlq_topic] {
+            mock.create_topic(topic, 1, 1).unwrap();
+        }
+        mock.create_topic(&settings.kafka.topics[0], 1, 1).unwrap();
+        let ledger = Arc::new(Ledger::default());
+        let (intake, _rx) = crate::source::kafka::start(&settings, &ledger).unwrap();
+        let consumer = Arc::clone(&intake.consumer);
+        let mut out = Output::new(
+            &settings,
+            "test",
+            [Framing::SingleObject, Framing::SingleObject, Framing::SingleObject],
+            consumer,
+        )
+        .await
+        .unwrap();
+        let send_range = async |out: &mut Output, range: std::ops::Range<usize>| {
+            for i in range {
+                out.send(Out::Kg, Some(format!("doc-{i}").as_bytes()), b"value", None).await.unwrap();
+            }
+        };
+        send_range(&mut out, 0..20).await;
+        out.await_deliveries().await.unwrap();
+        assert!(out.producer.client().fatal_error().is_none());
+        let replaced = metrics().retries.with_label_values(&["producer"]).get();
+
+        mock.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER; 2],
+        );
+        send_range(&mut out, 20..60).await;
+        out.await_deliveries().await.expect("the records come through a new producer");
+        assert!(metrics().retries.with_label_values(&["producer"]).get() > replaced, "the producer was replaced");
+        assert!(out.producer.client().fatal_error().is_none(), "the new producer is healthy");
+        send_range(&mut out, 60..70).await;
+        out.await_deliveries().await.unwrap();
+
+        let reader: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", mock.bootstrap_servers())
+            .set("group.id", "reader")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        reader.subscribe(&[&settings.kafka.kg_topic]).unwrap();
+        let mut keys = std::collections::BTreeSet::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while keys.len() < 70 && Instant::now() < deadline {
+            if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+                keys.insert(String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned());
+            }
+        }
+        let missing: Vec<usize> = (0..70).filter(|i| !keys.contains(&format!("doc-{i}"))).collect();
+        assert!(missing.is_empty(), "records lost: {missing:?}");
+        intake.close();
+    }
 }

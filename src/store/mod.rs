@@ -73,6 +73,18 @@ impl Query {
     }
 }
 
+/// How a dense-only nearest-neighbour search runs (`ServerStore::nearest`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum DenseSearch {
+    /// Every vector compared at full precision: the ground truth.
+    Exact,
+    /// The HNSW graph over full-precision vectors.
+    Hnsw,
+    /// The HNSW graph over the int8 copies; `rescore` re-ranks `oversampling` × top candidates at full precision.
+    Int8 { rescore: bool, oversampling: f64 },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hit {
     pub id: String,

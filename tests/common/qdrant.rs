@@ -83,7 +83,8 @@ impl QdrantServer {
             binary: Some(binary),
             extra: extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
-        server.url = format!("http://127.0.0.1:{}", server.grpc_port);
+        let tls = extra.iter().any(|(k, v)| *k == "QDRANT__SERVICE__ENABLE_TLS" && *v == "true");
+        server.url = format!("{}://127.0.0.1:{}", if tls { "https" } else { "http" }, server.grpc_port);
         server.restart();
         Some(server)
     }
@@ -120,8 +121,12 @@ impl QdrantServer {
         }
     }
 
-    /// `/readyz` answers 200.
+    /// `/readyz` answers 200 (with TLS, which the plain-HTTP probe cannot speak: the REST port accepts).
     pub fn ready(&self) -> bool {
+        if self.url.starts_with("https://") {
+            return std::net::TcpStream::connect(("127.0.0.1", self.http_port)).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.grpc_port)).is_ok();
+        }
         super::http_get(self.http_port, "/readyz").is_some_and(|(status, _)| status == 200)
     }
 
