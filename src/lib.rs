@@ -17,6 +17,8 @@
 //! * `embed` — the embedder: one ONNX Runtime model thread, batching across documents, a clonable handle.
 //! * `store` — the vector store: Qdrant in-process (`qdrant-edge`) or a server (`qdrant-client`), and BM25.
 //! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
+//! * `query` — the read side's method: question–entity alignment (lexicon + label embeddings) and CLEAR context
+//!   assembly across a patient's notes (windows, section weights, copy-forward, budget, answer).
 //! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
 //! * `source` — intakes: `file` (NDJSON, Bundles, Bulk FHIR, stdin) and `kafka` (consumer group).
 //! * `sink` — outputs: `file` (NDJSON files) and `kafka` (producer, dead letters, the commit step).
@@ -43,6 +45,7 @@ pub mod kafka;
 pub mod kg;
 pub mod lexicon;
 pub mod model;
+pub mod query;
 pub mod runner;
 pub mod sink;
 pub mod source;

@@ -734,3 +734,93 @@ fn server_store_over_tls_with_a_private_ca() {
     docs.dedup();
     assert_eq!(docs, ["tls-0", "tls-1", "tls-2"], "read back over TLS");
 }
+
+/// `eval qa` on a small self-written set in the development set's format: two patients, each with a chest X-ray
+/// report among other notes, questions worded like a user would (one names the finding, one does not). Every
+/// strategy keeps to the budget and to the patient's own notes; CLEAR finds the evidence and answers from it; the
+/// label embeddings are cached and the cache is reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_qa_on_a_small_record_set() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let doc = |id: &str, patient: &str, date: &str, text: &str| {
+        serde_json::json!({
+            "resourceType": "DocumentReference", "id": id, "status": "current", "date": date,
+            "subject": {"reference": format!("Patient/{patient}")},
+            "content": [{"attachment": {"contentType": "text/plain",
+                "data": base64::engine::general_purpose::STANDARD.encode(text)}}]
+        })
+        .to_string()
+    };
+    let filler = "HISTORY OF PRESENT ILLNESS: The patient presents for follow-up of knee pain after a fall. \
+                  PLAN: Physical therapy twice weekly, ibuprofen as needed.";
+    let docs = [
+        doc("a-1", "a", "2019-01-02", filler),
+        doc(
+            "a-cxr",
+            "a",
+            "2019-02-03",
+            "FINDINGS: The heart is normal in size. Small right pleural effusion. \
+             No pneumothorax.\nIMPRESSION: Small right pleural effusion.",
+        ),
+        doc("b-1", "b", "2019-03-04", filler),
+        doc(
+            "b-cxr",
+            "b",
+            "2019-04-05",
+            "FINDINGS: Heart size is enlarged. The lungs are clear. No pleural \
+             effusion.\nIMPRESSION: Cardiomegaly. No acute pulmonary disease.",
+        ),
+    ];
+    let question = |patient: &str, q: &str, answer: &str, evidence: &[&str]| {
+        serde_json::json!({"patient": patient, "question": q, "variable": "v", "answer": answer,
+            "needle_doc_id": "", "evidence": evidence})
+        .to_string()
+    };
+    let questions = [
+        question("qd-a", "Is there a pleural effusion?", "yes", &["Small right pleural effusion."]),
+        question("qd-a", "Does the chest film show an effusion?", "yes", &["Small right pleural effusion."]),
+        question("qd-b", "Is there a pleural effusion?", "no", &["No pleural effusion."]),
+        question("qd-b", "Does the patient have cardiomegaly?", "yes", &["Cardiomegaly."]),
+        question("qd-a", "Does the patient have cardiomegaly?", "no", &[]),
+    ];
+    let (documents, questions_path) = (dir.path().join("documents.ndjson"), dir.path().join("questions.jsonl"));
+    std::fs::write(&documents, docs.join("\n")).unwrap();
+    // Questions name the patient by bare id with the set's prefix: map to the ids used above.
+    std::fs::write(&questions_path, questions.join("\n").replace("qd-a", "a").replace("qd-b", "b")).unwrap();
+    let pipeline = Pipeline::new(&s).unwrap();
+    let embedder = Embedder::start_async(&s.embed).await.unwrap();
+    let strategies: Vec<String> = ["clear", "dense", "bm25", "hybrid"].map(String::from).to_vec();
+    let cache = dir.path().join("cache");
+    let run = clinstream::eval::qa::QaRun {
+        documents: &documents,
+        questions: &questions_path,
+        budget_tokens: 64,
+        window_words: 150,
+        strategies: &strategies,
+        label_cache: &cache,
+        show_errors: false,
+    };
+    let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
+    assert_eq!((r.documents, r.patients), (4, 2));
+    for st in &r.strategies {
+        assert_eq!(st.questions, 5);
+        assert_eq!(st.with_evidence, 4);
+        assert_eq!(st.isolation_violations, 0, "{st:?}");
+        assert!(st.max_tokens <= 64 && st.over_budget == 0, "{st:?}");
+    }
+    let clear = &r.strategies[0];
+    assert_eq!(clear.strategy, "clear");
+    assert_eq!(clear.unaligned, 0);
+    assert_eq!(clear.evidence_recall, 1.0, "{clear:?}");
+    assert_eq!(clear.answer_accuracy, 1.0, "{clear:?}");
+    assert!(clear.mean_tokens < r.strategies[1].mean_tokens, "entity windows are smaller than chunks: {r:?}");
+    // The label embeddings were cached, and a second run reads them instead of embedding again.
+    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
+    let again = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
+    assert_eq!(std::fs::metadata(&files[0]).unwrap().modified().unwrap(), written);
+    assert_eq!(again.strategies[0].answer_accuracy, 1.0);
+}

@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "embed",
     "store",
     "index",
+    "query",
     "kafka",
     "ack",
     "source",

@@ -151,6 +151,32 @@ enum EvalCommand {
         #[arg(long)]
         show_errors: bool,
     },
+    /// Clinical questions over patients' records (../shared/eval/qa): per strategy at the same token budget,
+    /// evidence recall, answer accuracy, isolation violations and context tokens (the set's README defines them).
+    Qa {
+        /// DocumentReference NDJSON (the patients' notes).
+        #[arg(long)]
+        documents: PathBuf,
+        /// Questions JSONL (`patient`, `question`, `variable`, `answer`, `evidence`).
+        #[arg(long)]
+        questions: PathBuf,
+        /// Context budget in tokens (the embedding model's tokenizer).
+        #[arg(long, default_value_t = 1024)]
+        budget: usize,
+        /// Comma-separated: clear, dense, bm25, hybrid.
+        #[arg(long, default_value = "clear,dense,bm25,hybrid", value_delimiter = ',')]
+        strategy: Vec<String>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Where the label embeddings are cached (per model and label list).
+        #[arg(long, default_value = ".cache")]
+        cache_dir: PathBuf,
+        /// Print each wrong answer or missed evidence to stderr (development aid on the public set).
+        #[arg(long)]
+        show_errors: bool,
+    },
     /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
     KgSynthea {
         /// A Synthea bulk-FHIR export directory (DocumentReference, Condition, MedicationRequest .000.ndjson).
@@ -373,6 +399,52 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                 }
                 println!("macro F1 {:.3}  n {}", r.macro_f1, r.n);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval {
+            command: EvalCommand::Qa { documents, questions, budget, strategy, config, json, cache_dir, show_errors },
+        } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            for s in &strategy {
+                anyhow::ensure!(
+                    ["clear", "dense", "bm25", "hybrid"].contains(&s.as_str()),
+                    "unknown strategy `{s}` (clear, dense, bm25, hybrid)"
+                );
+            }
+            let r = runtime(&settings)?.block_on(async {
+                let embedder = crate::embed::Embedder::start_async(&settings.embed).await.context("embedding model")?;
+                let window = settings.clear.window_words;
+                let run = crate::eval::qa::QaRun {
+                    documents: &documents,
+                    questions: &questions,
+                    budget_tokens: budget,
+                    window_words: window,
+                    strategies: &strategy,
+                    label_cache: &cache_dir,
+                    show_errors,
+                };
+                crate::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("{} documents, {} patients, budget {} tokens", r.documents, r.patients, r.budget_tokens);
+                for s in &r.strategies {
+                    println!(
+                        "{:<7} evidence recall {:.3} ({} with evidence)  accuracy {:.3}  isolation violations {}  \
+                         tokens mean {:.0} max {} (over budget {}){}",
+                        s.strategy,
+                        s.evidence_recall,
+                        s.with_evidence,
+                        s.answer_accuracy,
+                        s.isolation_violations,
+                        s.mean_tokens,
+                        s.max_tokens,
+                        s.over_budget,
+                        if s.strategy == "clear" { format!("  unaligned {}", s.unaligned) } else { String::new() }
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -5,6 +5,7 @@ pub mod csv;
 pub mod kg_synthea;
 pub mod negex;
 pub mod openi;
+pub mod qa;
 pub mod sdoh;
 
 use serde::Serialize;

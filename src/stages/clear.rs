@@ -42,6 +42,11 @@ impl Variable {
     pub fn targets(&self) -> &HashSet<u32> {
         &self.targets
     }
+
+    /// Whether mentions in this section count for the variable (its allow-list and deny-list).
+    pub fn admits_section(&self, name: &str) -> bool {
+        self.allowed.as_ref().is_none_or(|a| a.contains(name)) && !self.excluded.contains(name)
+    }
 }
 
 /// Compiles variable definitions: checks them, adds their synonyms to the lexicon, expands their targets.
@@ -185,10 +190,7 @@ fn evaluate_one(
     let targets: Vec<&Mention> = mentions
         .iter()
         .filter(|m| v.targets.contains(&m.concept))
-        .filter(|m| {
-            let name = sections[m.section].name;
-            v.allowed.as_ref().is_none_or(|a| a.contains(name)) && !v.excluded.contains(name)
-        })
+        .filter(|m| v.admits_section(sections[m.section].name))
         .collect();
     let word_of = |offset: usize| words.partition_point(|&(_, e)| e <= offset).min(words.len().saturating_sub(1));
     // Windows as word ranges, merged when they overlap or touch.

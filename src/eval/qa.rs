@@ -1,0 +1,427 @@
+//! Clinical question answering over a patient's record (`clinstream eval qa`; the set's README defines the
+//! figures): for each question, the context each strategy returns for that patient at the same token budget, and
+//! the answer decided from that context.
+//!
+//! Strategies:
+//! * `clear` — question–entity alignment (`query::align`) and CLEAR windows (`query::context`);
+//! * `dense`, `bm25`, `hybrid` — chunk retrieval over the patient's notes (sentence-packed chunks of about
+//!   `CHUNK_WORDS` words; cosine of the question and chunk embeddings, BM25 over the whole corpus's statistics,
+//!   and the two fused by reciprocal rank, k = 60), chunks taken best first while they fit the budget. Their answer
+//!   comes from the same vote over the aligned entities' mentions inside the returned chunks, so the strategies
+//!   differ only in the context they return.
+//!
+//! Figures per strategy: evidence recall (questions with evidence whose context contains an evidence sentence,
+//! whitespace-insensitive), answer accuracy (present → yes; absent, uncertain, not mentioned → no), isolation
+//! violations (returned text from another patient's notes), mean and max context tokens (the embedding model's
+//! tokenizer) and how many contexts exceeded the budget. Question and note text are never printed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::EvalError;
+use crate::embed::Embedder;
+use crate::model::{Document, Label};
+use crate::query::align::{self, AlignParams, LabelIndex};
+use crate::query::context::{self, ContextParams, PatientNote, Rules};
+use crate::stages::Pipeline;
+use crate::stages::clear::word_spans;
+
+/// Target chunk size for the chunk strategies (words).
+const CHUNK_WORDS: usize = 100;
+const RRF_K: f32 = 60.0;
+
+#[derive(Debug, Deserialize)]
+struct Question {
+    patient: String,
+    question: String,
+    variable: String,
+    answer: String,
+    evidence: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StrategyReport {
+    pub strategy: String,
+    pub questions: usize,
+    pub with_evidence: usize,
+    pub evidence_recall: f64,
+    pub answer_accuracy: f64,
+    pub isolation_violations: usize,
+    pub mean_tokens: f64,
+    pub max_tokens: usize,
+    pub over_budget: usize,
+    /// Accuracy per variable (the question's labelled finding).
+    pub accuracy_by_variable: BTreeMap<String, f64>,
+    /// CLEAR only: questions where nothing aligned.
+    pub unaligned: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QaReport {
+    pub documents: usize,
+    pub patients: usize,
+    pub budget_tokens: usize,
+    pub window_words: usize,
+    pub strategies: Vec<StrategyReport>,
+}
+
+/// A chunk of one note: byte span and its text's embedding.
+struct Chunk {
+    doc: usize,
+    start: usize,
+    end: usize,
+}
+
+/// What to evaluate and how.
+#[derive(Debug, Clone)]
+pub struct QaRun<'a> {
+    pub documents: &'a Path,
+    pub questions: &'a Path,
+    pub budget_tokens: usize,
+    pub window_words: usize,
+    /// Any of clear, dense, bm25, hybrid.
+    pub strategies: &'a [String],
+    /// Where the label embeddings are cached.
+    pub label_cache: &'a Path,
+    pub show_errors: bool,
+}
+
+/// Runs the evaluation.
+pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> Result<QaReport, EvalError> {
+    let QaRun { documents, questions, budget_tokens, window_words, strategies, label_cache, show_errors } = *run;
+    let read =
+        |p: &Path| std::fs::read_to_string(p).map_err(|source| EvalError::Io { path: p.display().to_string(), source });
+    let fmt = |p: &Path, why: String| EvalError::Format { path: p.display().to_string(), why };
+    let docs: Vec<Document> = read(documents)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            pipeline
+                .process(l.as_bytes())
+                .map_err(|e| fmt(documents, format!("line {}: {}", i + 1, e.error.code.as_str())))
+        })
+        .collect::<Result<_, _>>()?;
+    let questions: Vec<Question> = read(questions)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| fmt(questions, format!("line {}: {e}", i + 1))))
+        .collect::<Result<_, _>>()?;
+    // Patients as the notes carry them (`Patient/x`); questions may give the bare id.
+    let mut by_patient: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, d) in docs.iter().enumerate() {
+        let p = d.note.patient.clone().unwrap_or_default();
+        by_patient.entry(bare(&p).to_string()).or_default().push(i);
+    }
+    let embed_err = |e: crate::embed::EmbedError| fmt(documents, format!("embedding: {e}"));
+    let lexicon = pipeline.lexicon();
+    let variables = pipeline.variables();
+    let labels = LabelIndex::labels(lexicon, variables);
+    let key = LabelIndex::cache_key(&embedder.info().name, &labels);
+    let cache = label_cache.join(format!("labels-{key}.bin"));
+    let index = match LabelIndex::load(&cache, &key, labels.clone()) {
+        Some(index) => index,
+        None => {
+            let texts: Vec<&str> = labels.iter().map(|(_, t)| t.as_str()).collect();
+            let mut vectors = Vec::with_capacity(texts.len());
+            for batch in texts.chunks(512) {
+                vectors.extend(embedder.embed(batch).await.map_err(embed_err)?);
+            }
+            let index = LabelIndex::new(labels, vectors);
+            if let Err(e) = index.save(&cache, &key) {
+                tracing::warn!(error = %e, "Could not cache the label embeddings.");
+            }
+            index
+        }
+    };
+    let count = |t: &str| embedder.count_tokens(t);
+    let params = ContextParams { budget_tokens, window_words };
+
+    let wants = |s: &str| strategies.iter().any(|x| x == s);
+    let needs_chunks = wants("dense") || wants("bm25") || wants("hybrid");
+    let (chunks, chunk_vectors, bm25) = if needs_chunks {
+        let chunks = chunk_all(&docs);
+        let texts: Vec<&str> = chunks.iter().map(|c| &docs[c.doc].note.text[c.start..c.end]).collect();
+        let mut vectors = Vec::with_capacity(texts.len());
+        for batch in texts.chunks(256) {
+            vectors.extend(embedder.embed(batch).await.map_err(embed_err)?);
+        }
+        let bm25 = Bm25::new(&texts);
+        (chunks, vectors, Some(bm25))
+    } else {
+        (Vec::new(), Vec::new(), None)
+    };
+    let mut chunks_of: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, c) in chunks.iter().enumerate() {
+        chunks_of.entry(c.doc).or_default().push(i);
+    }
+
+    let mut reports: Vec<StrategyReport> =
+        strategies.iter().map(|s| StrategyReport { strategy: s.clone(), ..Default::default() }).collect();
+    let mut correct_by: Vec<BTreeMap<String, (usize, usize)>> = vec![BTreeMap::new(); reports.len()];
+    let mut tokens_sum = vec![0usize; reports.len()];
+    for q in &questions {
+        let own = by_patient.get(bare(&q.patient)).cloned().unwrap_or_default();
+        let phrases = align::phrases(&q.question);
+        let refs: Vec<&str> = phrases.iter().map(String::as_str).collect();
+        let phrase_vectors = embedder.embed(&refs).await.map_err(embed_err)?;
+        let present: std::collections::HashSet<u32> =
+            own.iter().flat_map(|&i| docs[i].mentions.iter().map(|m| m.concept)).collect();
+        let alignment = align::align(
+            &q.question,
+            &phrase_vectors,
+            lexicon,
+            variables,
+            &index,
+            Some(&present),
+            AlignParams::default(),
+        );
+        let notes: Vec<PatientNote<'_>> = own
+            .iter()
+            .map(|&i| {
+                let d = &docs[i];
+                PatientNote {
+                    doc_id: &d.note.doc_id,
+                    version: d.note.version.as_deref().unwrap_or(""),
+                    date: d.note.date.as_deref(),
+                    text: &d.note.text,
+                    sections: &d.sections,
+                    mentions: &d.mentions,
+                }
+            })
+            .collect();
+        let question_vector =
+            if needs_chunks { Some(embedder.embed(&[&q.question]).await.map_err(embed_err)?) } else { None };
+        for (si, strategy) in strategies.iter().enumerate() {
+            // (doc index, text) pieces of the returned context, and the answer.
+            let (pieces, status): (Vec<(usize, String)>, Label) = match strategy.as_str() {
+                "clear" => {
+                    if alignment.is_empty() {
+                        reports[si].unaligned += 1;
+                    }
+                    let c = context::assemble(&notes, &alignment, variables, lexicon, params, &count);
+                    let pieces = c
+                        .windows
+                        .iter()
+                        .map(|w| {
+                            (docs.iter().position(|d| d.note.doc_id == w.doc_id).unwrap_or(usize::MAX), w.text.clone())
+                        })
+                        .collect();
+                    (pieces, c.answer.status)
+                }
+                other => {
+                    let candidates: Vec<usize> =
+                        own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
+                    let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
+                    let dense_rank = || {
+                        let mut r: Vec<(usize, f32)> =
+                            candidates.iter().map(|&c| (c, cosine(&qv, &chunk_vectors[c]))).collect();
+                        r.sort_by(|a, b| b.1.total_cmp(&a.1));
+                        r.into_iter().map(|x| x.0).collect::<Vec<_>>()
+                    };
+                    let bm25_rank = || {
+                        let b = bm25.as_ref().expect("bm25 built");
+                        let terms = Bm25::terms(&q.question);
+                        let mut r: Vec<(usize, f32)> = candidates.iter().map(|&c| (c, b.score(c, &terms))).collect();
+                        r.sort_by(|a, b| b.1.total_cmp(&a.1));
+                        r.into_iter().map(|x| x.0).collect::<Vec<_>>()
+                    };
+                    let ranked = match other {
+                        "dense" => dense_rank(),
+                        "bm25" => bm25_rank(),
+                        _ => rrf(&[dense_rank(), bm25_rank()]),
+                    };
+                    let mut remaining = budget_tokens;
+                    let mut chosen = Vec::new();
+                    for c in ranked {
+                        let ch = &chunks[c];
+                        let t = count(&docs[ch.doc].note.text[ch.start..ch.end]);
+                        if t <= remaining {
+                            remaining -= t;
+                            chosen.push(c);
+                        }
+                    }
+                    let variable = alignment.variable.and_then(|i| variables.get(i));
+                    let concepts = &alignment.concepts;
+                    let mut votes = Vec::new();
+                    for (wi, &c) in chosen.iter().enumerate() {
+                        let ch = &chunks[c];
+                        let d = &docs[ch.doc];
+                        for m in d.mentions.iter().filter(|m| m.start >= ch.start && m.end <= ch.end) {
+                            let Some(score) = concepts.get(&m.concept) else { continue };
+                            if !alignment.answer_concepts.contains(&m.concept) {
+                                continue;
+                            }
+                            let section = &d.sections[m.section];
+                            if variable.is_none_or(|v| v.admits_section(section.name)) {
+                                votes.push((wi, m.assertion, score * section.weight));
+                            }
+                        }
+                    }
+                    let votes = votes.into_iter();
+                    let answer = context::vote(votes, Rules::of(variable));
+                    let pieces = chosen
+                        .iter()
+                        .map(|&c| {
+                            (chunks[c].doc, docs[chunks[c].doc].note.text[chunks[c].start..chunks[c].end].to_string())
+                        })
+                        .collect();
+                    (pieces, answer.status)
+                }
+            };
+            let r = &mut reports[si];
+            r.questions += 1;
+            let tokens: usize = pieces.iter().map(|(_, t)| count(t)).sum();
+            tokens_sum[si] += tokens;
+            r.max_tokens = r.max_tokens.max(tokens);
+            r.over_budget += usize::from(tokens > budget_tokens);
+            r.isolation_violations += pieces.iter().filter(|(d, _)| !own.contains(d)).count();
+            let mut found_evidence = None;
+            if !q.evidence.is_empty() {
+                r.with_evidence += 1;
+                let context: String = pieces.iter().map(|(_, t)| squeeze(t)).collect::<Vec<_>>().join("\u{1f}");
+                let found = q.evidence.iter().any(|e| context.contains(&squeeze(e)));
+                found_evidence = Some(found);
+                r.evidence_recall += f64::from(u8::from(found));
+            }
+            let said_yes = status == Label::Present;
+            let right = said_yes == (q.answer == "yes");
+            if show_errors && (!right || (!q.evidence.is_empty() && found_evidence.is_some_and(|f| !f))) {
+                // Development aid on the public development set (not patient data): what went wrong.
+                let aligned: Vec<String> = alignment
+                    .aligned
+                    .iter()
+                    .map(|a| format!("{}={:.2}{:?}{}", a.id, a.score, a.found, if a.answer { "*" } else { "" }))
+                    .collect();
+                eprintln!(
+                    "{strategy} {} [{}] expected {} got {} evidence_found {:?} aligned {aligned:?}",
+                    q.variable,
+                    q.question,
+                    q.answer,
+                    status.as_str(),
+                    found_evidence
+                );
+            }
+            r.answer_accuracy += f64::from(u8::from(right));
+            let e = correct_by[si].entry(q.variable.clone()).or_default();
+            e.0 += usize::from(right);
+            e.1 += 1;
+        }
+    }
+    for (si, r) in reports.iter_mut().enumerate() {
+        r.evidence_recall /= r.with_evidence.max(1) as f64;
+        r.answer_accuracy /= r.questions.max(1) as f64;
+        r.mean_tokens = tokens_sum[si] as f64 / r.questions.max(1) as f64;
+        r.accuracy_by_variable =
+            correct_by[si].iter().map(|(k, (c, n))| (k.clone(), *c as f64 / (*n).max(1) as f64)).collect();
+    }
+    Ok(QaReport { documents: docs.len(), patients: by_patient.len(), budget_tokens, window_words, strategies: reports })
+}
+
+fn bare(patient: &str) -> &str {
+    patient.strip_prefix("Patient/").unwrap_or(patient)
+}
+
+/// Whitespace removed (the README's whitespace-insensitive match).
+fn squeeze(text: &str) -> String {
+    text.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    dot / (na.sqrt() * nb.sqrt()).max(1e-12)
+}
+
+/// Reciprocal rank fusion of rankings (best first).
+fn rrf(rankings: &[Vec<usize>]) -> Vec<usize> {
+    let mut score: HashMap<usize, f32> = HashMap::new();
+    for r in rankings {
+        for (rank, id) in r.iter().enumerate() {
+            *score.entry(*id).or_default() += 1.0 / (RRF_K + rank as f32 + 1.0);
+        }
+    }
+    let mut out: Vec<(usize, f32)> = score.into_iter().collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    out.into_iter().map(|x| x.0).collect()
+}
+
+/// Sentence-packed chunks of about `CHUNK_WORDS` words per note.
+fn chunk_all(docs: &[Document]) -> Vec<Chunk> {
+    let mut out = Vec::new();
+    for (di, d) in docs.iter().enumerate() {
+        let mut start: Option<usize> = None;
+        let mut end = 0;
+        let mut words = 0;
+        for s in &d.sentences {
+            let n = word_spans(&d.note.text[s.start..s.end]).len();
+            if start.is_some() && words + n > CHUNK_WORDS {
+                out.push(Chunk { doc: di, start: start.unwrap_or(0), end });
+                start = None;
+                words = 0;
+            }
+            start.get_or_insert(s.start);
+            end = s.end;
+            words += n;
+        }
+        if let Some(s) = start {
+            out.push(Chunk { doc: di, start: s, end });
+        }
+    }
+    out
+}
+
+/// BM25 (k1 = 1.2, b = 0.75) over the chunks, statistics from the whole corpus.
+struct Bm25 {
+    tf: Vec<HashMap<String, f32>>,
+    len: Vec<f32>,
+    avg: f32,
+    idf: HashMap<String, f32>,
+}
+
+impl Bm25 {
+    fn terms(text: &str) -> Vec<String> {
+        text.split(|c: char| !c.is_alphanumeric()).filter(|w| w.len() > 1).map(str::to_lowercase).collect()
+    }
+
+    fn new(texts: &[&str]) -> Bm25 {
+        let mut tf = Vec::with_capacity(texts.len());
+        let mut len = Vec::with_capacity(texts.len());
+        let mut df: HashMap<String, f32> = HashMap::new();
+        for t in texts {
+            let terms = Self::terms(t);
+            len.push(terms.len() as f32);
+            let mut counts: HashMap<String, f32> = HashMap::new();
+            for w in terms {
+                *counts.entry(w).or_default() += 1.0;
+            }
+            for w in counts.keys() {
+                *df.entry(w.clone()).or_default() += 1.0;
+            }
+            tf.push(counts);
+        }
+        let n = texts.len() as f32;
+        let idf = df.into_iter().map(|(w, d)| (w, ((n - d + 0.5) / (d + 0.5) + 1.0).ln())).collect();
+        let avg = len.iter().sum::<f32>() / n.max(1.0);
+        Bm25 { tf, len, avg, idf }
+    }
+
+    fn score(&self, chunk: usize, terms: &[String]) -> f32 {
+        let (k1, b) = (1.2, 0.75);
+        terms
+            .iter()
+            .map(|t| {
+                let f = self.tf[chunk].get(t).copied().unwrap_or(0.0);
+                let idf = self.idf.get(t).copied().unwrap_or(0.0);
+                idf * f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * self.len[chunk] / self.avg.max(1.0)))
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,608 @@
+//! Question–entity alignment: which concepts a question is about, with a score and how each was found.
+//!
+//! Two routes, combined:
+//! * **Lexicon**: the lexicon's phrase matcher on the question (with the CLEAR variables' synonyms). A match is
+//!   certain (score 1) — "Does the patient have cardiomegaly?" names its concept.
+//! * **Embedding**: the question and its content phrases (runs between question and function words) are embedded
+//!   and compared with the embeddings of *labels*: every lexicon concept's preferred term, and every CLEAR
+//!   variable's name, synonyms and its concepts' terms. A label's cosine is its target's score — "Is the lung
+//!   collapsed?" reaches the pneumothorax variable through its term "collapsed lung" without a synonym for the
+//!   question's wording.
+//!
+//! A target is a CLEAR variable (then its targets, decision rules and section filters apply) or a lexicon concept
+//! (then the concept and its descendants). Kept: scores ≥ `min_score` and within `margin` of the best, at most
+//! `max_targets`. The label vectors are the caller's (embedded once per model and lexicon version).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::lexicon::Lexicon;
+use crate::stages::clear::Variable;
+
+/// What a question can be aligned to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// A configured CLEAR variable (index into the pipeline's variables).
+    Variable(usize),
+    /// A lexicon concept (index into the lexicon's concepts).
+    Concept(u32),
+}
+
+/// How a target was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Found {
+    Lexicon,
+    Embedding,
+}
+
+/// One aligned target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Aligned {
+    #[serde(skip)]
+    pub target: Target,
+    /// `variable:<name>` or the concept id (`DOID:1673`).
+    pub id: String,
+    /// The variable's name or the concept's preferred term.
+    pub label: String,
+    pub score: f32,
+    pub found: Found,
+    /// An answer target (its mentions vote); otherwise context only.
+    pub answer: bool,
+}
+
+/// The alignment of one question.
+#[derive(Debug, Clone, Default)]
+pub struct Alignment {
+    /// Best first.
+    pub aligned: Vec<Aligned>,
+    /// Concept index → the score of the best target that reaches it (answer and context targets).
+    pub concepts: HashMap<u32, f32>,
+    /// The concepts of the answer targets: only their mentions vote.
+    pub answer_concepts: std::collections::HashSet<u32>,
+    /// The best-scored variable among the targets: its decision rules and section filters decide the answer.
+    pub variable: Option<usize>,
+}
+
+impl Alignment {
+    pub fn is_empty(&self) -> bool {
+        self.concepts.is_empty()
+    }
+}
+
+/// Alignment thresholds.
+#[derive(Debug, Clone, Copy)]
+pub struct AlignParams {
+    pub min_score: f32,
+    pub margin: f32,
+    pub max_targets: usize,
+    pub context_min_score: f32,
+    pub max_context: usize,
+    /// Score factor of a site (anatomy) context target.
+    pub site_weight: f32,
+}
+
+impl Default for AlignParams {
+    fn default() -> Self {
+        AlignParams {
+            min_score: 0.6,
+            margin: 0.08,
+            max_targets: 3,
+            context_min_score: 0.45,
+            max_context: 12,
+            site_weight: 0.5,
+        }
+    }
+}
+
+/// The label texts and their unit-length embeddings.
+#[derive(Debug, Clone, Default)]
+pub struct LabelIndex {
+    targets: Vec<Target>,
+    texts: Vec<String>,
+    dim: usize,
+    /// `targets.len() × dim`, each row unit length.
+    vectors: Vec<f32>,
+}
+
+impl LabelIndex {
+    /// The labels to embed, in order: each variable's name, synonyms and its root concepts' terms; each concept's
+    /// preferred term. Deduplicated per target.
+    pub fn labels(lexicon: &Lexicon, variables: &[Variable]) -> Vec<(Target, String)> {
+        let mut out: Vec<(Target, String)> = Vec::new();
+        let mut terms_of: HashMap<u32, Vec<&str>> = HashMap::new();
+        for (term, concept) in lexicon.terms() {
+            terms_of.entry(concept).or_default().push(term);
+        }
+        for (i, v) in variables.iter().enumerate() {
+            let mut labels = vec![v.name().replace('_', " ")];
+            labels.extend(v.def.synonyms.iter().cloned());
+            for id in &v.def.concepts {
+                if let Some(c) = lexicon.concept_index(id) {
+                    labels.push(lexicon.concept(c).preferred.clone());
+                    labels.extend(terms_of.get(&c).into_iter().flatten().map(|t| t.to_string()));
+                }
+            }
+            let mut seen = std::collections::HashSet::new();
+            for l in labels {
+                let key = l.to_lowercase();
+                if key.len() > 2 && seen.insert(key.clone()) {
+                    out.push((Target::Variable(i), key));
+                }
+            }
+        }
+        for (c, concept) in lexicon.concepts().iter().enumerate() {
+            if !concept.id.starts_with("CS:variable:") {
+                out.push((Target::Concept(c as u32), concept.preferred.to_lowercase()));
+            }
+        }
+        out
+    }
+
+    /// An index over `labels` and their embeddings (same order); vectors are normalised here.
+    pub fn new(labels: Vec<(Target, String)>, vectors: Vec<Vec<f32>>) -> LabelIndex {
+        let dim = vectors.first().map_or(0, Vec::len);
+        let mut flat = Vec::with_capacity(labels.len() * dim);
+        for v in &vectors {
+            flat.extend(unit(v));
+        }
+        let (targets, texts) = labels.into_iter().unzip();
+        LabelIndex { targets, texts, dim, vectors: flat }
+    }
+
+    pub fn len(&self) -> usize {
+        self.targets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// Best cosine per target over all labels for one (any-length) vector.
+    fn scores(&self, v: &[f32], into: &mut HashMap<Target, f32>) {
+        if self.dim == 0 || v.len() != self.dim {
+            return;
+        }
+        let q = unit(v);
+        for (i, row) in self.vectors.chunks_exact(self.dim).enumerate() {
+            let s: f32 = row.iter().zip(&q).map(|(a, b)| a * b).sum();
+            let best = into.entry(self.targets[i]).or_insert(f32::MIN);
+            *best = best.max(s);
+        }
+    }
+
+    /// For each label of `target`, the nearest label of another target that `keep` admits; the best of those with
+    /// its cosine (≥ `min`). Used to find an answer target's site (the anatomy nearest to its labels).
+    fn nearest_to(&self, target: Target, keep: &dyn Fn(Target) -> bool, min: f32) -> Option<(Target, f32)> {
+        if self.dim == 0 {
+            return None;
+        }
+        let rows: Vec<&[f32]> = self.vectors.chunks_exact(self.dim).collect();
+        let own: Vec<usize> = (0..self.targets.len()).filter(|&i| self.targets[i] == target).collect();
+        let mut best: Option<(Target, f32)> = None;
+        for (j, row) in rows.iter().enumerate() {
+            let t = self.targets[j];
+            if t == target || !keep(t) {
+                continue;
+            }
+            for &i in &own {
+                let s: f32 = rows[i].iter().zip(row.iter()).map(|(a, b)| a * b).sum();
+                if s >= min && best.is_none_or(|b| s > b.1) {
+                    best = Some((t, s));
+                }
+            }
+        }
+        best
+    }
+
+    /// The label text that gave a target its best score (for explanations).
+    pub fn text(&self, i: usize) -> &str {
+        &self.texts[i]
+    }
+
+    /// A key for the label vectors of one model and one label list (the lexicon version and the variables are in
+    /// the labels): a cache file made under another key is not used.
+    pub fn cache_key(model: &str, labels: &[(Target, String)]) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        model.hash(&mut h);
+        for (t, text) in labels {
+            t.hash(&mut h);
+            text.hash(&mut h);
+        }
+        format!("{:016x}", h.finish())
+    }
+
+    /// Reads vectors written by `save` for exactly these labels; `None` when the file is missing or was made for
+    /// other labels or another model.
+    pub fn load(path: &std::path::Path, key: &str, labels: Vec<(Target, String)>) -> Option<LabelIndex> {
+        let bytes = std::fs::read(path).ok()?;
+        let (head, body) = bytes.split_at(bytes.iter().position(|b| *b == b'\n')? + 1);
+        let head = std::str::from_utf8(head).ok()?.trim();
+        let mut parts = head.split(' ');
+        let (k, n, dim) = (parts.next()?, parts.next()?.parse::<usize>().ok()?, parts.next()?.parse::<usize>().ok()?);
+        if k != key || n != labels.len() || body.len() != n * dim * 4 {
+            return None;
+        }
+        let vectors = body.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let (targets, texts) = labels.into_iter().unzip();
+        Some(LabelIndex { targets, texts, dim, vectors })
+    }
+
+    /// Writes the (normalised) vectors under `key`, atomically (temporary file, then rename).
+    pub fn save(&self, path: &std::path::Path, key: &str) -> std::io::Result<()> {
+        let mut out = format!("{key} {} {}\n", self.targets.len(), self.dim).into_bytes();
+        for x in &self.vectors {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, out)?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+fn unit(v: &[f32]) -> Vec<f32> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter().map(|x| x / n).collect()
+}
+
+/// Question and function words that never carry the entity.
+const FUNCTION_WORDS: &[&str] = &[
+    "a",
+    "an",
+    "and",
+    "any",
+    "are",
+    "as",
+    "at",
+    "be",
+    "been",
+    "by",
+    "can",
+    "could",
+    "did",
+    "do",
+    "does",
+    "for",
+    "from",
+    "had",
+    "has",
+    "have",
+    "he",
+    "her",
+    "his",
+    "how",
+    "in",
+    "is",
+    "it",
+    "its",
+    "of",
+    "on",
+    "or",
+    "patient",
+    "patients",
+    "pt",
+    "record",
+    "show",
+    "shows",
+    "she",
+    "signs",
+    "sign",
+    "the",
+    "their",
+    "there",
+    "they",
+    "this",
+    "to",
+    "was",
+    "were",
+    "what",
+    "when",
+    "which",
+    "who",
+    "with",
+    "any",
+    "evidence",
+    "documented",
+    "history",
+    "currently",
+    "current",
+    "suffer",
+    "suffering",
+    "experience",
+    "experiencing",
+    "present",
+    "diagnosed",
+    "find",
+    "findings",
+    "finding",
+    "noted",
+    "note",
+    "notes",
+    "mention",
+    "mentioned",
+    "report",
+    "reported",
+    "seen",
+];
+
+/// The phrases of a question to embed: the question itself, and each run of content words between function words
+/// (lower-cased, punctuation removed); deduplicated, the question first.
+pub fn phrases(question: &str) -> Vec<String> {
+    let mut out = vec![question.trim().to_string()];
+    let mut run: Vec<String> = Vec::new();
+    let mut runs = Vec::new();
+    for word in question.split(|c: char| !(c.is_alphanumeric() || c == '-' || c == '\'')) {
+        let w = word.trim_matches(|c: char| c == '-' || c == '\'').to_lowercase();
+        if w.is_empty() {
+            continue;
+        }
+        if FUNCTION_WORDS.contains(&w.as_str()) {
+            if !run.is_empty() {
+                runs.push(run.join(" "));
+                run.clear();
+            }
+        } else {
+            run.push(w);
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run.join(" "));
+    }
+    // All content words together too ("fluid pleural space").
+    let all: Vec<String> = runs.iter().flat_map(|r| r.split(' ').map(str::to_string)).collect();
+    if runs.len() > 1 {
+        runs.push(all.join(" "));
+    }
+    for r in runs {
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// Aligns a question (`phrase_vectors`: the embeddings of `phrases(question)`, same order).
+///
+/// Scores: a lexicon match that spans a whole content phrase ("cardiomegaly", "pleural effusion") is certain (1);
+/// a match inside a longer phrase ("lung" in "lung collapsed") only makes its target a candidate, scored by
+/// embedding like every other label. Answer targets: scores ≥ `min_score` within `margin` of the best, at most
+/// `max_targets`, anatomy only when nothing else qualifies (a body part is where, not what). Context targets: the
+/// answer targets plus the next candidates ≥ `context_min_score` (at most `max_context`), so the windows also
+/// cover what the question's words point at without being the answer ("the lungs are clear").
+pub fn align(
+    question: &str,
+    phrase_vectors: &[Vec<f32>],
+    lexicon: &Lexicon,
+    variables: &[Variable],
+    index: &LabelIndex,
+    present: Option<&std::collections::HashSet<u32>>,
+    params: AlignParams,
+) -> Alignment {
+    let mut by_embedding = HashMap::new();
+    for v in phrase_vectors {
+        index.scores(v, &mut by_embedding);
+    }
+    let mut scores: HashMap<Target, (f32, Found)> =
+        by_embedding.into_iter().map(|(t, s)| (t, (s, Found::Embedding))).collect();
+    let variable_of = |c: u32| variables.iter().position(|v| v.targets().contains(&c));
+    let runs: Vec<String> = phrases(question).into_iter().skip(1).collect();
+    for m in lexicon.find(question) {
+        let target = variable_of(m.concept).map_or(Target::Concept(m.concept), Target::Variable);
+        let matched = question[m.start..m.end].to_lowercase();
+        let whole = runs.contains(&matched);
+        let entry = scores.entry(target).or_insert((0.0, Found::Lexicon));
+        entry.1 = Found::Lexicon;
+        entry.0 = if whole { 1.0 } else { entry.0.max(params.context_min_score) };
+    }
+    let mut ranked: Vec<(Target, f32, Found)> = scores.into_iter().map(|(t, (s, f))| (t, s, f)).collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.retain(|r| r.1 >= params.context_min_score);
+    let is_anatomy = |t: Target| match t {
+        Target::Concept(c) => lexicon.concept(c).kind == crate::lexicon::EntityKind::Anatomy,
+        Target::Variable(_) => false,
+    };
+    let answerable: Vec<&(Target, f32, Found)> = {
+        let findings: Vec<_> = ranked.iter().filter(|r| !is_anatomy(r.0)).collect();
+        if findings.first().is_some_and(|r| r.1 >= params.min_score) { findings } else { ranked.iter().collect() }
+    };
+    let best = answerable.first().map_or(0.0, |r| r.1);
+    let mut primary: Vec<Target> = answerable
+        .iter()
+        .filter(|r| r.1 >= params.min_score && r.1 >= best - params.margin)
+        .take(params.max_targets)
+        .map(|r| r.0)
+        .collect();
+    // A configured variable among them is the curated form of the question's entity (its targets, synonyms and
+    // rules): it answers alone rather than beside broad neighbours ("lung disease" and all its descendants).
+    if primary.iter().any(|t| matches!(t, Target::Variable(_))) {
+        primary.retain(|t| matches!(t, Target::Variable(_)));
+    }
+    let mut chosen: Vec<(Target, f32, Found)> = ranked.iter().filter(|r| primary.contains(&r.0)).copied().collect();
+    // Context: what the question's words name (lexicon matches) always, then the nearest other labels.
+    chosen.extend(ranked.iter().filter(|r| !primary.contains(&r.0) && r.2 == Found::Lexicon).copied());
+    let named = chosen.len();
+    // The nearest other labels among the entities the patient's notes mention (CLEAR on FHIR notes aligns the
+    // question with the patient's own entities), or among all when the caller gives none.
+    let mentioned = |t: Target| match (t, present) {
+        (_, None) => true,
+        (Target::Concept(c), Some(p)) => p.contains(&c),
+        (Target::Variable(i), Some(p)) => variables[i].targets().iter().any(|c| p.contains(c)),
+    };
+    chosen.extend(
+        ranked
+            .iter()
+            .filter(|r| !primary.contains(&r.0) && r.2 == Found::Embedding && mentioned(r.0))
+            .take(params.max_context)
+            .copied(),
+    );
+    debug_assert!(named <= chosen.len());
+    // The site of each answer target (its labels' nearest anatomy: the heart for cardiomegaly, the lung for
+    // pneumonia), as context at a lower score: a report that speaks of the site without naming the finding ("heart
+    // size normal", "the lungs are clear") is evidence for the answer "no".
+    for t in primary.clone() {
+        if let Some((site, cos)) = index.nearest_to(t, &is_anatomy, params.context_min_score)
+            && !chosen.iter().any(|c| c.0 == site)
+        {
+            chosen.push((site, cos * params.site_weight, Found::Embedding));
+        }
+    }
+
+    let mut alignment = Alignment::default();
+    for (target, score, found) in chosen {
+        let answer = primary.contains(&target);
+        let (id, label, reached): (String, String, Vec<u32>) = match target {
+            Target::Variable(i) => {
+                let v = &variables[i];
+                if answer {
+                    alignment.variable.get_or_insert(i);
+                }
+                (format!("variable:{}", v.name()), v.name().to_string(), v.targets().iter().copied().collect())
+            }
+            Target::Concept(c) => {
+                let concept = lexicon.concept(c);
+                // Descendants only for a concept the question names; a neighbour by embedding stands for itself.
+                let reached = if found == Found::Lexicon {
+                    lexicon.with_descendants(&[c]).into_iter().collect()
+                } else {
+                    vec![c]
+                };
+                (concept.id.clone(), concept.preferred.clone(), reached)
+            }
+        };
+        for c in reached {
+            let s = alignment.concepts.entry(c).or_insert(0.0);
+            *s = s.max(score);
+            if answer {
+                alignment.answer_concepts.insert(c);
+            }
+        }
+        alignment.aligned.push(Aligned { target, id, label, score, found, answer });
+    }
+    alignment
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_vectors_round_trip_through_the_cache_only_for_the_same_labels() {
+        let labels = vec![(Target::Concept(1), "a".to_string()), (Target::Variable(0), "b".to_string())];
+        let index = LabelIndex::new(labels.clone(), vec![vec![3.0, 4.0], vec![0.0, 2.0]]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("labels.bin");
+        let key = LabelIndex::cache_key("m", &labels);
+        index.save(&path, &key).unwrap();
+        let back = LabelIndex::load(&path, &key, labels.clone()).unwrap();
+        assert_eq!(back.vectors, [0.6, 0.8, 0.0, 1.0]);
+        let other = vec![(Target::Concept(1), "a".to_string()), (Target::Variable(0), "c".to_string())];
+        assert_ne!(LabelIndex::cache_key("m", &other), key);
+        assert!(LabelIndex::load(&path, &LabelIndex::cache_key("m", &other), other).is_none());
+        assert_ne!(LabelIndex::cache_key("other-model", &labels), key);
+    }
+
+    #[test]
+    fn phrases_are_the_question_and_its_content_runs() {
+        assert_eq!(
+            phrases("Is there fluid in the pleural space?"),
+            ["Is there fluid in the pleural space?", "fluid", "pleural space", "fluid pleural space"]
+        );
+        assert_eq!(phrases("Does the patient have cardiomegaly?")[1..], ["cardiomegaly"]);
+    }
+
+    fn lexicon_and_variables() -> (Lexicon, Vec<Variable>) {
+        let s = crate::config::Settings::load_from(None, Some(Default::default())).unwrap();
+        let base = Lexicon::builtin();
+        crate::stages::clear::compile(&s.clear.variables, 150, 1024, &base).unwrap()
+    }
+
+    /// Toy embeddings: one axis per label text, so a phrase aligns to the labels equal to it.
+    fn toy_index(labels: &[(Target, String)], axis_of: &dyn Fn(&str) -> usize) -> LabelIndex {
+        let vectors = labels
+            .iter()
+            .map(|(_, t)| {
+                let mut v = vec![0.0; 8];
+                v[axis_of(t)] = 1.0;
+                v
+            })
+            .collect();
+        LabelIndex::new(labels.to_vec(), vectors)
+    }
+
+    #[test]
+    fn a_named_entity_aligns_through_the_lexicon_to_its_variable() {
+        let (lex, vars) = lexicon_and_variables();
+        let a = align(
+            "Does the patient have cardiomegaly?",
+            &[],
+            &lex,
+            &vars,
+            &LabelIndex::default(),
+            None,
+            AlignParams::default(),
+        );
+        assert_eq!(a.aligned[0].id, "variable:cardiomegaly");
+        assert_eq!(a.aligned[0].found, Found::Lexicon);
+        let v = vars.iter().position(|v| v.name() == "cardiomegaly").unwrap();
+        assert_eq!(a.variable, Some(v));
+        assert!(vars[v].targets().iter().all(|c| a.concepts.get(c) == Some(&1.0)));
+    }
+
+    #[test]
+    fn other_wording_aligns_through_label_embeddings_with_scores_and_thresholds() {
+        let (lex, vars) = lexicon_and_variables();
+        let ptx = vars.iter().position(|v| v.name() == "pneumothorax").unwrap();
+        let labels = vec![
+            (Target::Variable(ptx), "collapsed lung".to_string()),
+            (Target::Variable(0), vars[0].name().to_string()),
+            (Target::Concept(7), "something else".to_string()),
+        ];
+        let index = toy_index(&labels, &|t| match t {
+            "collapsed lung" => 1,
+            "something else" => 2,
+            _ => 3,
+        });
+        // The phrase vector points mostly at "collapsed lung", a little at the other concept.
+        let q = vec![0.0, 0.9, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let a = align("Is the lung collapsed?", &[q], &lex, &vars, &index, None, AlignParams::default());
+        // The answer target by embedding; "lung" (named inside the phrase "lung collapsed") is context only.
+        let answers: Vec<&Aligned> = a.aligned.iter().filter(|x| x.answer).collect();
+        assert_eq!(answers.len(), 1, "{:?}", a.aligned);
+        let lung: Vec<&Aligned> = a.aligned.iter().filter(|x| !x.answer).collect();
+        assert_eq!(lung.len(), 1, "{:?}", a.aligned);
+        assert_eq!((lung[0].label.as_str(), lung[0].found), ("Lung", Found::Lexicon));
+        assert!(lung[0].score < a.aligned[0].score);
+        let ptx_targets = vars[ptx].targets();
+        assert!(a.answer_concepts.iter().all(|c| ptx_targets.contains(c)), "only the variable's mentions vote");
+        assert_eq!(a.aligned[0].id, "variable:pneumothorax");
+        assert_eq!(a.aligned[0].found, Found::Embedding);
+        assert!((a.aligned[0].score - 0.9 / (0.9f32 * 0.9 + 0.09).sqrt()).abs() < 1e-4);
+        assert_eq!(a.variable, Some(ptx));
+        // Nothing close enough: nothing aligned.
+        let far = vec![0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0];
+        let none = align("What is the weather?", &[far], &lex, &vars, &index, None, AlignParams::default());
+        assert!(none.is_empty() && none.aligned.is_empty() && none.variable.is_none());
+        // Context candidates by embedding only among the entities the patient's notes mention.
+        let q = vec![0.0, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let near = vec![0.0, 0.0, 0.7, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let with = align(
+            "Is the lung collapsed?",
+            &[q.clone(), near.clone()],
+            &lex,
+            &vars,
+            &index,
+            None,
+            AlignParams::default(),
+        );
+        assert!(with.aligned.iter().any(|x| x.target == Target::Concept(7) && !x.answer), "{:?}", with.aligned);
+        let absent = std::collections::HashSet::new();
+        let without =
+            align("Is the lung collapsed?", &[q, near], &lex, &vars, &index, Some(&absent), AlignParams::default());
+        assert!(!without.aligned.iter().any(|x| x.target == Target::Concept(7)), "{:?}", without.aligned);
+    }
+}

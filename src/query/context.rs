@@ -1,0 +1,453 @@
+//! Context assembly: CLEAR windows across one patient's notes for an aligned question, and the answer they
+//! support.
+//!
+//! 1. Each note's mentions of aligned concepts (in sections the aligned variable admits) get a window of
+//!    ±`window_words` words; overlapping or touching windows of one note merge.
+//! 2. A window's score is the best alignment score × section weight among its mentions; recency breaks ties.
+//! 3. In score order, a window whose text (case and whitespace folded) was already taken from another note is a
+//!    copy-forward duplicate and dropped; the rest are taken while the budget lasts (a window too large for what
+//!    is left shrinks around its mentions, or is skipped).
+//! 4. The kept windows are ordered by date (then note and position).
+//! 5. The answer: each target mention inside a kept window votes with weight × alignment score — affirmed (and
+//!    historical, unless the variable says `historical_is_present = false`) for present, uncertain or hypothetical
+//!    for uncertain, negated for absent; family mentions do not vote. The variable's decision rule picks the
+//!    winner (`any_present`, or the heaviest vote); no vote is `not_mentioned`.
+//!
+//! Token counts come from the caller's counter (the embedding model's tokenizer, or the downstream LLM's), so the
+//! budget holds however long the record is.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use super::align::Alignment;
+use crate::config::Decision;
+use crate::lexicon::Lexicon;
+use crate::model::mention::Assertion;
+use crate::model::{Label, Mention, Section};
+use crate::stages::clear::{Variable, word_spans};
+
+/// One processed note of the patient, as the context needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct PatientNote<'a> {
+    pub doc_id: &'a str,
+    pub version: &'a str,
+    /// ISO date (or date-time) of the note; sorts as text.
+    pub date: Option<&'a str>,
+    pub text: &'a str,
+    pub sections: &'a [Section],
+    pub mentions: &'a [Mention],
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ContextParams {
+    pub budget_tokens: usize,
+    pub window_words: usize,
+}
+
+/// One kept window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ContextWindow {
+    pub doc_id: String,
+    pub doc_version: String,
+    pub date: Option<String>,
+    /// The heaviest section among its mentions.
+    pub section: &'static str,
+    pub weight: f32,
+    /// Byte offsets in the note's text.
+    pub start: usize,
+    pub end: usize,
+    pub text: String,
+    /// Concept ids of the target mentions inside.
+    pub concepts: Vec<String>,
+    /// Assertions of those mentions (`affirmed`, `negated`, `uncertain`, ...), in text order.
+    pub assertions: Vec<String>,
+    pub score: f32,
+    pub tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Answer {
+    pub status: Label,
+    /// The winner's share of the votes (1 when nothing voted).
+    pub confidence: f32,
+    /// Indexes into `windows` of the windows holding a mention that voted for the status.
+    pub supporting: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Context {
+    pub windows: Vec<ContextWindow>,
+    pub tokens: usize,
+    pub answer: Answer,
+    /// Target mentions found in the patient's notes before the budget cut.
+    pub mentions_found: usize,
+}
+
+/// How votes decide (from the aligned variable, or the defaults for a bare concept).
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    pub decision: Decision,
+    pub historical_is_present: bool,
+}
+
+impl Rules {
+    pub fn of(variable: Option<&Variable>) -> Rules {
+        match variable {
+            Some(v) => Rules { decision: v.def.decision, historical_is_present: v.def.historical_is_present },
+            None => Rules { decision: Decision::Weighted, historical_is_present: true },
+        }
+    }
+}
+
+/// A candidate window of one note: word range, its mentions.
+struct Candidate<'a> {
+    note: usize,
+    lo: usize,
+    hi: usize,
+    mentions: Vec<&'a Mention>,
+    score: f32,
+}
+
+/// Assembles the context for an aligned question over the patient's notes.
+pub fn assemble(
+    notes: &[PatientNote<'_>],
+    alignment: &Alignment,
+    variables: &[Variable],
+    lexicon: &Lexicon,
+    params: ContextParams,
+    count_tokens: &dyn Fn(&str) -> usize,
+) -> Context {
+    let variable = alignment.variable.and_then(|i| variables.get(i));
+    let rules = Rules::of(variable);
+    let words: Vec<Vec<(usize, usize)>> = notes.iter().map(|n| word_spans(n.text)).collect();
+    let mut candidates: Vec<Candidate<'_>> = Vec::new();
+    let mut mentions_found = 0;
+    for (ni, note) in notes.iter().enumerate() {
+        let w = &words[ni];
+        if w.is_empty() {
+            continue;
+        }
+        let word_of = |offset: usize| w.partition_point(|&(_, e)| e <= offset).min(w.len() - 1);
+        let mut targets: Vec<&Mention> = note
+            .mentions
+            .iter()
+            .filter(|m| alignment.concepts.contains_key(&m.concept))
+            .filter(|m| {
+                // The answer variable's section filters apply to its own mentions.
+                !alignment.answer_concepts.contains(&m.concept)
+                    || variable.is_none_or(|v| v.admits_section(note.sections[m.section].name))
+            })
+            .collect();
+        targets.sort_by_key(|m| m.start);
+        mentions_found += targets.len();
+        let mut merged: Vec<Candidate<'_>> = Vec::new();
+        for m in targets {
+            let lo = word_of(m.start).saturating_sub(params.window_words);
+            let hi = (word_of(m.end.saturating_sub(1)) + params.window_words).min(w.len() - 1);
+            let score = alignment.concepts[&m.concept] * note.sections[m.section].weight;
+            match merged.last_mut() {
+                Some(c) if lo <= c.hi + 1 => {
+                    c.hi = c.hi.max(hi);
+                    c.mentions.push(m);
+                    c.score = c.score.max(score);
+                }
+                _ => merged.push(Candidate { note: ni, lo, hi, mentions: vec![m], score }),
+            }
+        }
+        candidates.extend(merged);
+    }
+    // Best first; recency breaks ties (undated notes last), then a stable order.
+    candidates.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| notes[b.note].date.cmp(&notes[a.note].date))
+            .then_with(|| notes[a.note].doc_id.cmp(notes[b.note].doc_id))
+            .then(a.lo.cmp(&b.lo))
+    });
+
+    let mut seen_texts: HashSet<String> = HashSet::new();
+    let mut remaining = params.budget_tokens;
+    let mut kept: Vec<(usize, ContextWindow, Vec<&Mention>)> = Vec::new();
+    for c in candidates {
+        let note = &notes[c.note];
+        let w = &words[c.note];
+        let word_of = |offset: usize| w.partition_point(|&(_, e)| e <= offset).min(w.len() - 1);
+        let span = |lo: usize, hi: usize| &note.text[w[lo].0..w[hi].1];
+        let folded = fold(span(c.lo, c.hi));
+        if !seen_texts.insert(folded) {
+            continue; // copy-forward: the same passage from another (or the same) note is already in
+        }
+        let (mut lo, mut hi) = (c.lo, c.hi);
+        let mut tokens = count_tokens(span(lo, hi));
+        if tokens > remaining {
+            let core_lo = word_of(c.mentions[0].start);
+            let core_hi = c.mentions.iter().map(|m| word_of(m.end.saturating_sub(1))).max().unwrap_or(core_lo);
+            while tokens > remaining && (lo < core_lo || hi > core_hi) {
+                if lo < core_lo {
+                    lo += 1;
+                }
+                if hi > core_hi {
+                    hi -= 1;
+                }
+                tokens = count_tokens(span(lo, hi));
+            }
+            if tokens > remaining {
+                continue;
+            }
+        }
+        let (start, end) = (w[lo].0, w[hi].1);
+        let inside: Vec<&Mention> = c.mentions.into_iter().filter(|m| m.start >= start && m.end <= end).collect();
+        let Some(best) =
+            inside.iter().max_by(|a, b| note.sections[a.section].weight.total_cmp(&note.sections[b.section].weight))
+        else {
+            continue;
+        };
+        remaining -= tokens;
+        let section = &note.sections[best.section];
+        let window = ContextWindow {
+            doc_id: note.doc_id.to_string(),
+            doc_version: note.version.to_string(),
+            date: note.date.map(str::to_string),
+            section: section.name,
+            weight: section.weight,
+            start,
+            end,
+            text: note.text[start..end].to_string(),
+            concepts: inside.iter().map(|m| lexicon.concept(m.concept).id.clone()).collect(),
+            assertions: inside.iter().map(|m| assertion_name(&m.assertion).to_string()).collect(),
+            score: c.score,
+            tokens,
+        };
+        kept.push((c.note, window, inside));
+    }
+    kept.sort_by(|a, b| {
+        notes[a.0]
+            .date
+            .cmp(&notes[b.0].date)
+            .then_with(|| notes[a.0].doc_id.cmp(notes[b.0].doc_id))
+            .then(a.1.start.cmp(&b.1.start))
+    });
+    let votes = kept.iter().enumerate().flat_map(|(i, (ni, _, ms))| {
+        ms.iter()
+            .filter(|m| alignment.answer_concepts.contains(&m.concept))
+            .map(move |m| (i, m.assertion, alignment.concepts[&m.concept] * notes[*ni].sections[m.section].weight))
+    });
+    let answer = vote(votes, rules);
+    let windows: Vec<ContextWindow> = kept.into_iter().map(|(_, w, _)| w).collect();
+    Context { tokens: windows.iter().map(|w| w.tokens).sum(), windows, answer, mentions_found }
+}
+
+/// Decides from votes `(window index, assertion, weight)`.
+pub fn vote(votes: impl Iterator<Item = (usize, Assertion, f32)>, rules: Rules) -> Answer {
+    let mut weight = [0.0f32; 3]; // present, uncertain, absent
+    let mut by_label: [Vec<usize>; 3] = Default::default();
+    for (window, a, w) in votes {
+        if a.family {
+            continue;
+        }
+        let slot = if a.negated {
+            2
+        } else if a.uncertain || a.hypothetical {
+            1
+        } else if !a.historical || rules.historical_is_present {
+            0
+        } else {
+            2 // past, and the question is about now
+        };
+        weight[slot] += w.max(0.01);
+        if !by_label[slot].contains(&window) {
+            by_label[slot].push(window);
+        }
+    }
+    let total: f32 = weight.iter().sum();
+    let slot = if total == 0.0 {
+        None
+    } else if rules.decision == Decision::AnyPresent {
+        Some(if weight[0] > 0.0 {
+            0
+        } else if weight[1] > 0.0 {
+            1
+        } else {
+            2
+        })
+    } else if weight[0] >= weight[1] && weight[0] >= weight[2] {
+        Some(0)
+    } else if weight[1] >= weight[2] {
+        Some(1)
+    } else {
+        Some(2)
+    };
+    match slot {
+        None => Answer { status: Label::NotMentioned, confidence: 1.0, supporting: Vec::new() },
+        Some(s) => Answer {
+            status: [Label::Present, Label::Uncertain, Label::Absent][s],
+            confidence: weight[s] / total,
+            supporting: std::mem::take(&mut by_label[s]),
+        },
+    }
+}
+
+fn assertion_name(a: &Assertion) -> &'static str {
+    if a.negated {
+        "negated"
+    } else if a.uncertain {
+        "uncertain"
+    } else if a.hypothetical {
+        "hypothetical"
+    } else if a.family {
+        "family"
+    } else if a.historical {
+        "historical"
+    } else {
+        "affirmed"
+    }
+}
+
+/// Case and whitespace folded (copy-forward detection).
+fn fold(text: &str) -> String {
+    text.split_whitespace().map(str::to_lowercase).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+    use crate::model::Document;
+    use crate::query::align::{AlignParams, LabelIndex, align};
+    use crate::stages::Pipeline;
+
+    fn pipeline() -> Pipeline {
+        Pipeline::new(&Settings::load_from(None, Some(Default::default())).unwrap()).unwrap()
+    }
+
+    fn doc(p: &Pipeline, id: &str, date: &str, text: &str) -> Document {
+        use base64::Engine as _;
+        let event = serde_json::json!({
+            "resourceType": "DocumentReference", "id": id, "date": date, "meta": {"versionId": "1"},
+            "subject": {"reference": "Patient/t"},
+            "content": [{"attachment": {"contentType": "text/plain",
+                "data": base64::engine::general_purpose::STANDARD.encode(text)}}]
+        });
+        p.process(event.to_string().as_bytes()).unwrap()
+    }
+
+    fn view(d: &Document) -> PatientNote<'_> {
+        PatientNote {
+            doc_id: &d.note.doc_id,
+            version: d.note.version.as_deref().unwrap_or(""),
+            date: d.note.date.as_deref(),
+            text: &d.note.text,
+            sections: &d.sections,
+            mentions: &d.mentions,
+        }
+    }
+
+    fn words(text: &str) -> usize {
+        word_spans(text).len()
+    }
+
+    fn context(p: &Pipeline, docs: &[Document], question: &str, budget: usize, window: usize) -> Context {
+        let a = align(question, &[], p.lexicon(), p.variables(), &LabelIndex::default(), None, AlignParams::default());
+        let notes: Vec<PatientNote<'_>> = docs.iter().map(view).collect();
+        assemble(
+            &notes,
+            &a,
+            p.variables(),
+            p.lexicon(),
+            ContextParams { budget_tokens: budget, window_words: window },
+            &words,
+        )
+    }
+
+    fn filler(n: usize) -> String {
+        (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn windows_merge_within_a_note_are_cut_to_the_budget_and_ordered_by_date() {
+        let p = pipeline();
+        let newer = doc(
+            &p,
+            "n2",
+            "2024-03-01",
+            &format!("IMPRESSION: Small left pleural effusion. {} Pleural effusion again seen.", filler(12)),
+        );
+        let older =
+            doc(&p, "n1", "2023-01-01", &format!("FINDINGS: {} No pleural effusion. {}", filler(40), filler(40)));
+        let docs = [newer, older];
+        let c = context(&p, &docs, "Is there a pleural effusion?", 1000, 10);
+        // Two mentions 12 words apart with ±10-word windows: one merged window in n2; one window in n1.
+        assert_eq!(c.windows.len(), 2, "{:?}", c.windows);
+        assert_eq!(c.windows[0].doc_id, "n1", "ordered by date");
+        assert_eq!(c.windows[1].doc_id, "n2");
+        assert_eq!(c.windows[1].concepts.len(), 2, "the merged window holds both mentions");
+        assert!(c.windows[0].text.starts_with("w") && c.windows[0].text.contains("No pleural effusion"));
+        assert_eq!(c.tokens, c.windows.iter().map(|w| w.tokens).sum::<usize>());
+        assert_eq!(c.windows[0].tokens, words(&c.windows[0].text));
+        // An affirmed impression outweighs a negated finding.
+        assert_eq!(c.answer.status, Label::Present);
+        assert_eq!(c.answer.supporting, [1]);
+        // A budget smaller than both: the best window (impression, weight 1.0) shrinks around its mentions first.
+        let small = context(&p, &docs, "Is there a pleural effusion?", 20, 10);
+        assert!(small.tokens <= 20, "{}", small.tokens);
+        assert_eq!(small.windows[0].doc_id, "n2");
+        assert!(small.windows[0].text.contains("Small left pleural effusion"));
+    }
+
+    #[test]
+    fn copy_forward_passages_are_dropped_and_the_budget_stays_constant_as_the_record_grows() {
+        let p = pipeline();
+        let passage = "ASSESSMENT: Cardiomegaly, stable. Continue diuretics.";
+        let mut docs = vec![doc(&p, "a0", "2024-01-01", passage)];
+        let one = context(&p, &docs, "Does the patient have cardiomegaly?", 200, 20);
+        assert_eq!(one.windows.len(), 1);
+        for i in 1..30 {
+            docs.push(doc(&p, &format!("a{i}"), &format!("2024-02-{:02}", i % 28 + 1), passage));
+        }
+        let many = context(&p, &docs, "Does the patient have cardiomegaly?", 200, 20);
+        assert_eq!(many.windows.len(), 1, "copied-forward text appears once");
+        assert_eq!(many.mentions_found, 30);
+        // Most recent copy kept (recency breaks the tie).
+        assert!(many.windows[0].date.as_deref().unwrap() >= "2024-02-28", "{:?}", many.windows[0].date);
+        // Distinct passages: the budget caps the context however many notes there are.
+        let mut distinct: Vec<Document> = Vec::new();
+        for i in 0..60 {
+            let text = format!("ASSESSMENT: Cardiomegaly noted on visit {i}. {}", filler(30));
+            distinct.push(doc(&p, &format!("d{i}"), "2024-05-01", &text));
+        }
+        let capped = context(&p, &distinct, "Does the patient have cardiomegaly?", 300, 20);
+        assert!(capped.tokens <= 300 && capped.tokens > 250, "{}", capped.tokens);
+        assert_eq!(capped.mentions_found, 60);
+    }
+
+    #[test]
+    fn answers_follow_assertions_and_the_variable_rules() {
+        let p = pipeline();
+        let ask = |text: &str| {
+            let d = [doc(&p, "x", "2024-01-01", text)];
+            context(&p, &d, "Is there a pneumothorax?", 500, 30).answer.status
+        };
+        assert_eq!(ask("IMPRESSION: No pneumothorax."), Label::Absent);
+        assert_eq!(ask("IMPRESSION: Small apical pneumothorax."), Label::Present);
+        assert_eq!(ask("IMPRESSION: Possible small pneumothorax."), Label::Uncertain);
+        assert_eq!(ask("IMPRESSION: Lungs are clear."), Label::NotMentioned);
+        // pneumothorax: historical_is_present = false, any_present.
+        assert_eq!(ask("IMPRESSION: History of pneumothorax."), Label::Absent);
+        assert_eq!(ask("FINDINGS: No pneumothorax. IMPRESSION: Tiny right pneumothorax."), Label::Present);
+    }
+
+    #[test]
+    fn vote_weights_and_family_mentions() {
+        let rules = Rules { decision: Decision::Weighted, historical_is_present: true };
+        let neg = Assertion { negated: true, ..Default::default() };
+        let fam = Assertion { family: true, ..Default::default() };
+        let a = vote([(0, Assertion::default(), 0.5), (1, neg, 0.9), (2, fam, 1.0)].into_iter(), rules);
+        assert_eq!(a.status, Label::Absent);
+        assert_eq!(a.supporting, [1]);
+        assert!((a.confidence - 0.9 / 1.4).abs() < 1e-6);
+        let any = Rules { decision: Decision::AnyPresent, ..rules };
+        assert_eq!(vote([(0, Assertion::default(), 0.5), (1, neg, 0.9)].into_iter(), any).status, Label::Present);
+        assert_eq!(vote([(0, fam, 1.0)].into_iter(), rules).status, Label::NotMentioned);
+    }
+}
