@@ -91,6 +91,8 @@ eval: build
 	$(BIN) eval openi --reports $(SHARED)/eval/openi/indiana_reports_dev.csv --labels $(SHARED)/eval/openi/labels_dev.csv
 	$(BIN) eval negex --pairs $(SHARED)/eval/negex/context_dev_reports_1-60.tsv
 	$(BIN) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
+	$(BIN) eval qa --documents $(SHARED)/eval/qa/documents.ndjson --questions $(SHARED)/eval/qa/questions.jsonl \
+	  --budget 1024 --cache-dir $(CARGO_TARGET_DIR)/qa-cache
 
 # All benchmarks on the MTSamples notes in SHARED (docs/benchmarks.md; about 30 minutes on 2 cores): text stages
 # beside medSpaCy, embedding vs bare ORT, Kafka end to end, RSS. Quicker: BENCH_LIMIT=N E2E_NOTES=0 RSS_SECONDS=0.
