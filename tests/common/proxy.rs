@@ -21,7 +21,9 @@ impl SlowProxy {
     }
 
     /// Like `start`, and the link stalls: in every `period`, traffic is held for its first `stall` (longer than a
-    /// client's timeout, the calls in flight then fail and are retried).
+    /// client's timeout, the calls in flight then fail and are retried); and every `STALL_EVERY`th chunk is held
+    /// for a whole `stall` whenever it comes, so timeouts happen however sparse (or slow, on a loaded machine) the
+    /// traffic is.
     pub fn start_with_stalls(upstream: u16, delay: Duration, period: Duration, stall: Duration) -> SlowProxy {
         let started = Instant::now();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -29,6 +31,7 @@ impl SlowProxy {
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
         let forwarded = Arc::new(AtomicU64::new(0));
+        let chunks = Arc::new(AtomicU64::new(0));
         let (stop2, forwarded2) = (Arc::clone(&stop), Arc::clone(&forwarded));
         std::thread::spawn(move || {
             while !stop2.load(Ordering::SeqCst) {
@@ -39,7 +42,7 @@ impl SlowProxy {
                         for (from, to) in [(&client, &server), (&server, &client)] {
                             let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
                             let (stop, forwarded) = (Arc::clone(&stop2), Arc::clone(&forwarded2));
-                            let timing = Timing { started, delay, period, stall };
+                            let timing = Timing { started, delay, period, stall, chunks: Arc::clone(&chunks) };
                             std::thread::spawn(move || pump(from, to, timing, &stop, &forwarded));
                         }
                     }
@@ -51,17 +54,26 @@ impl SlowProxy {
     }
 }
 
-#[derive(Clone, Copy)]
+/// Every this many chunks (over all connections and directions), one is held for a whole stall.
+const STALL_EVERY: u64 = 40;
+
+#[derive(Clone)]
 struct Timing {
     started: Instant,
     delay: Duration,
     period: Duration,
     stall: Duration,
+    chunks: Arc<AtomicU64>,
 }
 
 impl Timing {
-    /// How long a chunk read now waits: the delay, plus the rest of a stall window it falls into.
+    /// How long a chunk read now waits: the delay, plus the rest of a stall window it falls into (or a whole
+    /// stall for every `STALL_EVERY`th chunk).
     fn wait(&self) -> Duration {
+        let n = self.chunks.fetch_add(1, Ordering::SeqCst);
+        if !self.stall.is_zero() && n % STALL_EVERY == STALL_EVERY - 1 {
+            return self.delay + self.stall;
+        }
         let into = Duration::from_nanos((self.started.elapsed().as_nanos() % self.period.as_nanos()) as u64);
         self.delay + self.stall.saturating_sub(into)
     }
