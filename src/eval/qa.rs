@@ -179,20 +179,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
             Some(&present),
             AlignParams::default(),
         );
-        let notes: Vec<PatientNote<'_>> = own
-            .iter()
-            .map(|&i| {
-                let d = &docs[i];
-                PatientNote {
-                    doc_id: &d.note.doc_id,
-                    version: d.note.version.as_deref().unwrap_or(""),
-                    date: d.note.date.as_deref(),
-                    text: &d.note.text,
-                    sections: &d.sections,
-                    mentions: &d.mentions,
-                }
-            })
-            .collect();
+        let notes: Vec<PatientNote<'_>> = own.iter().map(|&i| PatientNote::from(&docs[i])).collect();
         let question_vector =
             if needs_chunks { Some(embedder.embed(&[&q.question]).await.map_err(embed_err)?) } else { None };
         for (si, strategy) in strategies.iter().enumerate() {

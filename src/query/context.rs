@@ -39,6 +39,20 @@ pub struct PatientNote<'a> {
     pub mentions: &'a [Mention],
 }
 
+impl<'a> From<&'a crate::model::Document> for PatientNote<'a> {
+    /// A processed note (undated or unversioned fields stay empty).
+    fn from(d: &'a crate::model::Document) -> Self {
+        PatientNote {
+            doc_id: &d.note.doc_id,
+            version: d.note.version.as_deref().unwrap_or(""),
+            date: d.note.date.as_deref(),
+            text: &d.note.text,
+            sections: &d.sections,
+            mentions: &d.mentions,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct ContextParams {
     pub budget_tokens: usize,
@@ -332,24 +346,13 @@ mod tests {
         p.process(event.to_string().as_bytes()).unwrap()
     }
 
-    fn view(d: &Document) -> PatientNote<'_> {
-        PatientNote {
-            doc_id: &d.note.doc_id,
-            version: d.note.version.as_deref().unwrap_or(""),
-            date: d.note.date.as_deref(),
-            text: &d.note.text,
-            sections: &d.sections,
-            mentions: &d.mentions,
-        }
-    }
-
     fn words(text: &str) -> usize {
         word_spans(text).len()
     }
 
     fn context(p: &Pipeline, docs: &[Document], question: &str, budget: usize, window: usize) -> Context {
         let a = align(question, &[], p.lexicon(), p.variables(), &LabelIndex::default(), None, AlignParams::default());
-        let notes: Vec<PatientNote<'_>> = docs.iter().map(view).collect();
+        let notes: Vec<PatientNote<'_>> = docs.iter().map(PatientNote::from).collect();
         assemble(
             &notes,
             &a,
