@@ -46,12 +46,15 @@ test: tools model lint unit
 model:
 	@tools/model/fetch.sh
 
-# Real components for the tests: Debian's prometheus (promtool + server), PyPI helm-python-sdk (the Helm library)
-# in .tools/helm, and PyPI noida-db (a Kafka-protocol broker binary) in .tools/noida. Skipped when already present;
-# needs root for apt-get (the build machines run as root; elsewhere install prometheus yourself — those tests say
-# SKIPPED when it is missing). `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests
-# at another cluster with CLINSTREAM_TEST_KAFKA=host:port.
+# Real components for the tests: Debian's openssl (the TLS store test makes its CA) and prometheus (promtool +
+# server), PyPI helm-python-sdk (the Helm library) in .tools/helm, and PyPI noida-db (a Kafka-protocol broker
+# binary) in .tools/noida. Skipped when already present; needs root for apt-get (the build machines run as root;
+# elsewhere install openssl and prometheus yourself — the prometheus tests say SKIPPED when it is missing).
+# `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests at another cluster with
+# CLINSTREAM_TEST_KAFKA=host:port.
 tools:
+	@command -v openssl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl) \
+	  >/dev/null || echo "warning: could not install openssl (Debian package); the TLS store test needs it"
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null || \
 	    echo "warning: could not install prometheus (Debian package); its tests will be skipped"; }
