@@ -26,6 +26,7 @@ use crate::index::Indexer;
 use crate::kafka::{admin, registry};
 use crate::model::Document;
 use crate::runner::{Runner, RunnerOptions, Summary, Work};
+use crate::serve::{Service, routes};
 use crate::sink::file::FileSink;
 use crate::sink::kafka::Output;
 use crate::source::file::{self, Input};
@@ -114,6 +115,88 @@ pub async fn start_health(settings: &Settings) -> Result<Readiness, RunError> {
     Ok(readiness)
 }
 
+/// With `serve.enabled`, serves the query API beside the worker: the same process, the same embedder and the same
+/// store handle (an embedded store is locked by the process that opens it, so a second process could not read
+/// it while the worker writes). Returns once the service listens and its label index is built.
+pub async fn start_service(
+    settings: &Settings,
+    pipeline: &Arc<Pipeline>,
+    indexer: Option<&Arc<Indexer>>,
+    readiness: &Readiness,
+) -> Result<(), RunError> {
+    if !settings.serve.enabled {
+        return Ok(());
+    }
+    let Some(indexer) = indexer else {
+        return Err(RunError::Config(
+            "serve.enabled: the query service reads the store the worker indexes into; it needs embed.enabled and a \
+             store"
+                .into(),
+        ));
+    };
+    let service = Service::new(settings, Arc::clone(pipeline), indexer.embedder().clone(), Arc::clone(indexer.store()))
+        .map_err(|e| RunError::Config(format!("serve: {e:#}")))?;
+    service.prepare().await.map_err(|e| RunError::halt(e.code(), e.to_string()))?;
+    let (addr, _task) =
+        routes::serve(&settings.serve.addr, Arc::new(service), readiness.clone(), std::future::pending())
+            .await
+            .map_err(|source| RunError::Listen { addr: format!("serve.addr {}", settings.serve.addr), source })?;
+    info!(addr = %addr, "Serving the query API beside the worker.");
+    Ok(())
+}
+
+/// `clinstream serve`: the query service alone, reading the configured store (`store.alias` when set) until
+/// `shutdown` resolves. An unreachable store at start-up is waited for (`store.halt_after_ms`), like a worker does.
+pub async fn run_service(
+    settings: &Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    settings.serve.check_auth().map_err(RunError::Config)?;
+    let readiness = Readiness::default();
+    let pipeline = compile(settings)?;
+    let embedder = crate::embed::Embedder::start_async(&settings.embed)
+        .await
+        .map_err(|e| RunError::halt(e.code(), e.to_string()))?;
+    let store = open_for_reading(settings).await?;
+    let service = Service::new(settings, pipeline, embedder, Arc::new(store))
+        .map_err(|e| RunError::Config(format!("serve: {e:#}")))?;
+    let service = Arc::new(service);
+    let (addr, task) = routes::serve(&settings.serve.addr, Arc::clone(&service), readiness.clone(), shutdown)
+        .await
+        .map_err(|source| RunError::Listen { addr: format!("serve.addr {}", settings.serve.addr), source })?;
+    info!(addr = %addr, store = service.store().kind(), "Query service listening; building the label index.");
+    service.prepare().await.map_err(|e| RunError::halt(e.code(), e.to_string()))?;
+    readiness.set(true);
+    info!("Query service ready.");
+    let _ = task.await;
+    readiness.set(false);
+    info!("Query service stopped.");
+    Ok(())
+}
+
+/// Opens the configured store for reading, waiting out an unavailable one for `store.halt_after_ms`.
+pub async fn open_for_reading(settings: &Settings) -> Result<crate::store::Store, RunError> {
+    let halt_after = std::time::Duration::from_millis(settings.store.halt_after_ms);
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(5),
+        halt_after,
+    );
+    loop {
+        match crate::store::Store::open_existing(&settings.store).await {
+            Ok(s) => return Ok(s),
+            Err(e) if e.is_transient() => match backoff.failed_with(e.retry_after()) {
+                Some(wait) => {
+                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "Vector store unavailable; retrying.");
+                    tokio::time::sleep(wait).await;
+                }
+                None => return Err(RunError::halt(e.code(), e.to_string())),
+            },
+            Err(e) => return Err(RunError::halt(e.code(), e.to_string())),
+        }
+    }
+}
+
 fn compile(settings: &Settings) -> Result<Arc<Pipeline>, RunError> {
     Pipeline::new(settings).map(Arc::new).map_err(|e| RunError::Config(e.problems().join("\n")))
 }
@@ -129,6 +212,7 @@ pub async fn run_files(
     let plan = file::plan(&opts.inputs)?;
     let pipeline = compile(settings)?;
     let indexer = start_indexer(settings, &pipeline).await?;
+    start_service(settings, &pipeline, indexer.as_ref(), &readiness).await?;
     let startup = startup.elapsed();
     metrics().startup_duration.set(startup.as_secs_f64());
     let started = Instant::now();
@@ -204,6 +288,7 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
     // Connecting can wait on an unreachable cluster for up to `kafka.halt_after_ms`; a shutdown signal ends it.
     let connect = async {
         let indexer = start_indexer(settings, &pipeline).await?;
+        start_service(settings, &pipeline, indexer.as_ref(), &readiness).await?;
         if k.create_topics {
             admin::ensure_topics(k).await?;
         }

@@ -36,6 +36,54 @@ pub struct Settings {
     pub embed: EmbedSettings,
     pub chunking: ChunkSettings,
     pub store: StoreSettings,
+    pub serve: ServeSettings,
+}
+
+impl ServeSettings {
+    /// The accepted API keys (blank entries ignored).
+    pub fn keys(&self) -> Vec<String> {
+        self.api_keys.expose().split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string).collect()
+    }
+
+    /// Auth on with no key would refuse every request: a configuration error, said before serving.
+    pub fn check_auth(&self) -> Result<(), String> {
+        if self.auth && self.keys().is_empty() {
+            return Err("serve.api_keys: no key while serve.auth is on (set CLINSTREAM__SERVE__API_KEYS from a \
+                        Secret, or serve.auth = false on a trusted network)"
+                .into());
+        }
+        Ok(())
+    }
+}
+
+/// The query service (`clinstream serve`, or `serve.enabled` beside a worker): docs/read-side.md.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSettings {
+    /// `clinstream run` serves the API too, in the same process and on the same store handle.
+    pub enabled: bool,
+    /// Listen address of the API (host:port; port 0 picks a free port).
+    pub addr: String,
+    /// Require `Authorization: Bearer KEY` on the API routes.
+    pub auth: bool,
+    /// Accepted keys, comma-separated (`CLINSTREAM__SERVE__API_KEYS` from a Secret).
+    pub api_keys: Secret,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// `budget_tokens` when a request gives none, and the most a request may ask for.
+    pub default_budget_tokens: usize,
+    pub max_budget_tokens: usize,
+    /// Most hits `/v1/search` returns.
+    pub max_top: usize,
+    /// Most requests handled at once (the rest wait in line); a request past `timeout_ms` gets 504.
+    pub max_concurrent: usize,
+    pub timeout_ms: u64,
+    /// Words each side of a mention in a context window (at most `store.window_words`).
+    pub window_words: usize,
+    /// Counts context tokens with this `tokenizer.json` (the downstream LLM's); empty = the embedding model's.
+    pub tokenizer: String,
+    /// Where the concept-label embeddings are cached (per model and lexicon version); empty = not cached.
+    pub cache_dir: String,
 }
 
 /// The embedding model and its batching (docs/embedding.md).
@@ -125,6 +173,9 @@ pub struct StoreSettings {
     /// at `collection` when it does not exist; switching it to a new collection is the model-swap step
     /// (docs/operations.md).
     pub alias: String,
+    /// Entity windows stored beside the chunks: words each side of a mention (windows of one note that overlap
+    /// or touch merge); 0 = none stored (the query service then has no CLEAR context).
+    pub window_words: usize,
 }
 
 /// Kafka mode (docs/kafka.md). The three passthrough maps go to librdkafka unchanged; secrets in them are
@@ -511,10 +562,41 @@ impl Settings {
         }
         self.validate_kafka(&mut problems);
         self.validate_embed(&mut problems);
+        self.validate_serve(&mut problems);
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    fn validate_serve(&self, problems: &mut Vec<String>) {
+        let v = &self.serve;
+        if v.addr.parse::<std::net::SocketAddr>().is_err() {
+            problems.push(format!("serve.addr: `{}` is not host:port (e.g. 0.0.0.0:8080)", v.addr));
+        }
+        if v.default_budget_tokens < 16 || v.default_budget_tokens > v.max_budget_tokens {
+            problems
+                .push("serve.default_budget_tokens: must be at least 16 and at most serve.max_budget_tokens".into());
+        }
+        if v.max_top == 0 || v.max_concurrent == 0 || v.max_body_bytes < 1024 || v.timeout_ms == 0 {
+            problems.push(
+                "serve.max_top, serve.max_concurrent, serve.timeout_ms: must be at least 1; serve.max_body_bytes: \
+                 at least 1024"
+                    .into(),
+            );
+        }
+        if v.window_words == 0 || v.window_words > self.store.window_words.max(1) {
+            problems.push(format!(
+                "serve.window_words: must be between 1 and store.window_words ({}): the stored windows hold only \
+                 that much context",
+                self.store.window_words
+            ));
+        }
+        if v.enabled
+            && let Err(why) = v.check_auth()
+        {
+            problems.push(why);
+        }
     }
 
     fn validate_embed(&self, problems: &mut Vec<String>) {

@@ -23,6 +23,7 @@ use crate::config::Settings;
 use crate::embed::{EmbedError, Embedder};
 use crate::error::{DocError, ErrorCode, Stage};
 use crate::model::Document;
+use crate::query;
 use crate::stages::chunk::{self, ChunkParams, ChunkStrategy, Planned, Unit};
 use crate::store::{self, Point, Store, StoreError, bm25};
 use crate::telemetry::health;
@@ -46,6 +47,8 @@ struct Cpu {
     neighbours: usize,
     cross_sections: bool,
     compiled: Arc<crate::stages::Compiled>,
+    /// Entity windows: words each side of a mention (`store.window_words`; 0 = none).
+    window_words: usize,
 }
 
 impl std::fmt::Debug for Indexer {
@@ -142,6 +145,7 @@ impl Indexer {
             neighbours: c.group_neighbours,
             cross_sections: c.cross_sections,
             compiled,
+            window_words: settings.store.window_words,
         };
         Ok(Indexer {
             embedder,
@@ -217,8 +221,14 @@ impl Indexer {
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
         let version = note.version.clone().unwrap_or_default();
         let v = version.clone();
-        let points = self.on_cpu(doc, move |cpu, d| cpu.points(d, &chunks, vectors, &v)).await?;
-        let n = points.len();
+        let (points, n) = self
+            .on_cpu(doc, move |cpu, d| {
+                let mut points = cpu.points(d, &chunks, vectors, &v);
+                let n = points.len();
+                points.extend(cpu.window_points(d, &v));
+                (points, n)
+            })
+            .await?;
         let clock = Instant::now();
         if !points.is_empty() {
             self.retrying(|| self.store.upsert(points.clone())).await?;
@@ -342,13 +352,66 @@ impl Cpu {
             .collect()
     }
 
+    /// The entity-window points of a document version (no vectors; found by filter): see `query::windows`.
+    fn window_points(&self, doc: &Document, version: &str) -> Vec<Point> {
+        let lexicon = &self.compiled.lexicon;
+        let windows = query::windows::build(&doc.note.text, &doc.sections, &doc.mentions, lexicon, self.window_words);
+        windows
+            .into_iter()
+            .map(|w| {
+                let mut p = self.document_fields(doc, version);
+                p.insert("record".into(), store::WINDOW.into());
+                p.insert("window_index".into(), w.index.into());
+                p.insert("start".into(), w.start.into());
+                p.insert("end".into(), w.end.into());
+                let main = w.main_section();
+                p.insert("section".into(), main.map_or(Value::Null, |s| s.name.clone().into()));
+                p.insert("section_weight".into(), main.map_or(Value::Null, |s| json!(s.weight)));
+                p.insert("sections".into(), w.sections.iter().map(|s| s.name.clone()).collect::<Vec<_>>().into());
+                p.insert("concepts".into(), w.concepts().into());
+                let mut kinds: Vec<&str> = w.mentions.iter().map(|m| m.kind.as_str()).collect();
+                kinds.sort_unstable();
+                kinds.dedup();
+                p.insert("entity_kinds".into(), kinds.into());
+                let id = store::window_id(&doc.note.doc_id, version, w.index);
+                p.insert("window".into(), serde_json::to_value(&w).unwrap_or(Value::Null));
+                Point { id, dense: Vec::new(), sparse: store::Sparse::default(), payload: p }
+            })
+            .collect()
+    }
+
+    /// The fields every point of a document version carries (patient, encounter, ids, date, type, versions).
+    fn document_fields(&self, doc: &Document, version: &str) -> Map<String, Value> {
+        let note = &doc.note;
+        let doc_type = note.doc_type.as_ref().and_then(|t| {
+            t.text.clone().or_else(|| t.coding.iter().find_map(|c| c.display.clone().or_else(|| c.code.clone())))
+        });
+        let mut p = Map::new();
+        p.insert("patient".into(), note.patient.clone().map_or(Value::Null, Value::from));
+        p.insert("encounter".into(), note.encounter.clone().map_or(Value::Null, Value::from));
+        p.insert("doc_id".into(), note.doc_id.clone().into());
+        p.insert("doc_version".into(), version.into());
+        p.insert("doc_date".into(), note.date.clone().map_or(Value::Null, Value::from));
+        p.insert("doc_day".into(), note.date.as_deref().and_then(store::day).map_or(Value::Null, Value::from));
+        p.insert("doc_type".into(), doc_type.map_or(Value::Null, Value::from));
+        p.insert("vocabulary_version".into(), self.compiled.lexicon.version().into());
+        p.insert("model".into(), self.embedder.info().name.clone().into());
+        p.insert("worker_version".into(), crate::WORKER_VERSION.into());
+        p
+    }
+
     fn payload(&self, doc: &Document, c: &Chunk, ids: &[uuid::Uuid], version: &str) -> Map<String, Value> {
         let note = &doc.note;
         let lexicon = &self.compiled.lexicon;
         let mut kinds: Vec<&str> = Vec::new();
         let mut terms: Vec<String> = Vec::new();
         let mut entities = Vec::new();
+        let mut concepts: Vec<String> = Vec::new();
         for m in doc.mentions.iter().filter(|m| m.start >= c.start && m.end <= c.end) {
+            let id = &lexicon.concept(m.concept).id;
+            if !concepts.contains(id) {
+                concepts.push(id.clone());
+            }
             let kind = m.kind.as_str();
             if !kinds.contains(&kind) {
                 kinds.push(kind);
@@ -365,18 +428,9 @@ impl Cpu {
             }));
         }
         let first = c.sections.first().and_then(|&i| doc.sections.get(i));
-        let doc_type = note.doc_type.as_ref().and_then(|t| {
-            t.text.clone().or_else(|| t.coding.iter().find_map(|c| c.display.clone().or_else(|| c.code.clone())))
-        });
         let id_at = |i: Option<usize>| i.and_then(|i| ids.get(i)).map_or(Value::Null, |u| Value::from(u.to_string()));
-        let info = self.embedder.info();
-        let mut p = Map::new();
-        p.insert("patient".into(), note.patient.clone().map_or(Value::Null, Value::from));
-        p.insert("encounter".into(), note.encounter.clone().map_or(Value::Null, Value::from));
-        p.insert("doc_id".into(), note.doc_id.clone().into());
-        p.insert("doc_version".into(), version.into());
-        p.insert("doc_date".into(), note.date.clone().map_or(Value::Null, Value::from));
-        p.insert("doc_type".into(), doc_type.map_or(Value::Null, Value::from));
+        let mut p = self.document_fields(doc, version);
+        p.insert("record".into(), "chunk".into());
         p.insert("section".into(), first.map_or(Value::Null, |s| s.name.into()));
         p.insert("section_title".into(), first.map_or(Value::Null, |s| s.title.clone().into()));
         p.insert("section_weight".into(), first.map_or(Value::Null, |s| json!(s.weight)));
@@ -396,9 +450,7 @@ impl Cpu {
         p.insert("entity_kinds".into(), kinds.into());
         p.insert("entity_terms".into(), terms.into());
         p.insert("entities".into(), entities.into());
-        p.insert("vocabulary_version".into(), lexicon.version().into());
-        p.insert("model".into(), info.name.clone().into());
-        p.insert("worker_version".into(), crate::WORKER_VERSION.into());
+        p.insert("concepts".into(), concepts.into());
         p
     }
 }

@@ -13,18 +13,21 @@
 //! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
 //! * `stages` — pure synchronous stages: decode, attachment, charset, html, rtf, sections, sentences, mentions,
 //!   assertion, clear (variables), kg (graph deltas), chunk planning.
+//! * `query` — the read side's method, pure: question–entity alignment (lexicon + label embeddings), entity
+//!   windows as stored (`windows`) and CLEAR context assembly across a patient's notes (windows, section weights,
+//!   copy-forward, budget, answer).
 //! * `codec` — output encodings: Avro records (`avro`) and the NDJSON file records (`records`).
 //! * `embed` — the embedder: one ONNX Runtime model thread, batching across documents, a clonable handle.
 //! * `store` — the vector store: Qdrant in-process (`qdrant-edge`) or a server (`qdrant-client`), and BM25.
 //! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
-//! * `query` — the read side's method: question–entity alignment (lexicon + label embeddings) and CLEAR context
-//!   assembly across a patient's notes (windows, section weights, copy-forward, budget, answer).
 //! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
 //! * `source` — intakes: `file` (NDJSON, Bundles, Bulk FHIR, stdin) and `kafka` (consumer group).
 //! * `sink` — outputs: `file` (NDJSON files) and `kafka` (producer, dead letters, the commit step).
 //! * `ack` — the ack core: per-partition watermarks, assigned set, committed ledger, dead-letter guard.
 //! * `runner` — the one in-order runner: in-flight FIFO, completion at the front, drain, summary.
 //! * `http` — `/metrics`, `/healthz`, `/readyz` (axum).
+//! * `serve` — the query service: `POST /v1/context`, `POST /v1/search` (auth, limits, errors, metrics) over the
+//!   store, and the `Service` core the CLI twins share.
 //! * `app` — wiring of file mode and Kafka mode.
 //! * `kg` — the reference consumer of the knowledge-graph stream (materialize to JSON / GraphML).
 //! * `eval` — evaluation over labelled sets (negex, openi, sdoh, kg-synthea).
@@ -47,6 +50,7 @@ pub mod lexicon;
 pub mod model;
 pub mod query;
 pub mod runner;
+pub mod serve;
 pub mod sink;
 pub mod source;
 pub mod stages;

@@ -183,8 +183,11 @@ async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
             let q = Query {
                 dense: embedder.embed(&[text.as_str()]).await.unwrap().remove(0),
                 sparse: clinstream::store::bm25::sparse_query(&bm25, &text),
-                patient,
-                section,
+                filters: clinstream::store::Filters {
+                    patient,
+                    sections: section.into_iter().collect(),
+                    ..Default::default()
+                },
                 top: 3,
             };
             store.search(&q).await.unwrap()
@@ -201,7 +204,14 @@ async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
     let hits = search("shortness of breath and pneumonia", Some("Patient/p1"), None).await;
     assert!(!hits.is_empty() && hits.iter().all(|h| h.payload["patient"] == "Patient/p1"), "{hits:?}");
     let hits = search("antibiotics", None, Some("assessment_and_plan")).await;
-    assert!(!hits.is_empty() && hits.iter().all(|h| h.payload["section"] == "assessment_and_plan"));
+    assert!(
+        !hits.is_empty()
+            && hits.iter().all(|h| h.payload["sections"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == "assessment_and_plan"))
+    );
 
     // The payload contract (ARCHITECTURE §4).
     let p = &search("pneumonia", Some("Patient/p2"), None).await[0].payload;
@@ -434,8 +444,7 @@ async fn server_collections_get_the_configured_settings_and_a_foreign_shape_is_r
         .search(&Query {
             dense: points[5].dense.clone(),
             sparse: Default::default(),
-            patient: None,
-            section: None,
+            filters: Default::default(),
             top: 1,
         })
         .await

@@ -72,6 +72,40 @@ enum Command {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Serve the query API (`POST /v1/context`, `POST /v1/search`, /metrics, /healthz, /readyz) on `serve.addr`
+    /// over the configured store; runs until SIGTERM/SIGINT. Auth: `serve.api_keys` (docs/read-side.md).
+    Serve {
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// The CLEAR context for a question about one patient, from the configured store: what `POST /v1/context`
+    /// answers, computed by the same code. Prints note text (you asked for it); logs never do.
+    Context {
+        /// The patient reference as the notes carry it (`Patient/123`) or a bare id.
+        #[arg(long)]
+        patient: String,
+        #[arg(long, short)]
+        question: String,
+        /// Token budget (default `serve.default_budget_tokens`).
+        #[arg(long)]
+        budget: Option<usize>,
+        /// Only notes on or after / before this day (YYYY-MM-DD).
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        until: Option<String>,
+        /// Only notes of this type (repeatable).
+        #[arg(long = "type")]
+        document_types: Vec<String>,
+        /// Only mentions in this section (canonical name; repeatable).
+        #[arg(long = "section")]
+        sections: Vec<String>,
+        /// Print the response as JSON (the API's body).
+        #[arg(long)]
+        json: bool,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Publish DocumentReference events (NDJSON, Bundles, Bulk-FHIR, `-` for stdin) onto a Kafka topic, keyed by
     /// resource id, using the `kafka.*` connection settings.
     Produce {
@@ -358,6 +392,32 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 top.max(1),
             ))?;
             print!("{}", search::render(&hits, json));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve { config } => {
+            let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            crate::telemetry::init_logging(&settings.log)?;
+            let runtime = runtime(&settings)?;
+            runtime
+                .block_on(async { app::run_service(&settings, shutdown_signal()).await })
+                .context("the query service stopped")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Context { patient, question, budget, since, until, document_types, sections, json, config } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            settings.log.level = "warn".into();
+            crate::telemetry::init_logging(&settings.log)?;
+            let request = crate::serve::ContextRequest {
+                patient,
+                question,
+                budget_tokens: budget,
+                since,
+                until,
+                document_types,
+                sections,
+            };
+            let response = runtime(&settings)?.block_on(search::context(&settings, &request))?;
+            print!("{}", search::render_context(&response, json));
             Ok(ExitCode::SUCCESS)
         }
         Command::Config { command: ConfigCommand::Print { config } } => {

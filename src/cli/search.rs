@@ -4,13 +4,25 @@
 
 use std::fmt::Write;
 
+use std::sync::Arc;
+
 use crate::config::Settings;
 use crate::embed::Embedder;
-use crate::store::{Hit, Query, Store, bm25};
+use crate::serve::{ContextRequest, ContextResponse, SearchRequest, Service};
+use crate::store::Hit;
 
 use anyhow::Context as _;
 
-/// Runs one search against the configured store.
+/// The query service's core over the configured store, for one command.
+async fn service(settings: &Settings) -> anyhow::Result<Service> {
+    let pipeline =
+        Arc::new(crate::stages::Pipeline::new(settings).map_err(|e| anyhow::anyhow!(e.problems().join("\n")))?);
+    let embedder = Embedder::start_async(&settings.embed).await.context("embedding model")?;
+    let store = crate::store::Store::open_existing(&settings.store).await.context("vector store")?;
+    Service::new(settings, pipeline, embedder, Arc::new(store))
+}
+
+/// Runs one search against the configured store (what `POST /v1/search` answers).
 pub async fn search(
     settings: &Settings,
     query: &str,
@@ -18,18 +30,80 @@ pub async fn search(
     section: Option<&str>,
     top: usize,
 ) -> anyhow::Result<Vec<Hit>> {
-    let embedder = Embedder::start_async(&settings.embed).await.context("embedding model")?;
-    let store = Store::open_existing(&settings.store).await.context("vector store")?;
-    let dense = embedder.embed(&[query]).await?.pop().unwrap_or_default();
-    let bm25 = bm25::encoder(settings.store.bm25_avg_len)?;
-    let q = Query {
-        dense,
-        sparse: bm25::sparse_query(&bm25, query),
+    let request = SearchRequest {
+        query: query.to_string(),
         patient: patient.map(str::to_string),
-        section: section.map(str::to_string),
-        top,
+        top: Some(top.min(settings.serve.max_top)),
+        sections: section.map(str::to_string).into_iter().collect(),
+        document_types: Vec::new(),
+        concepts: Vec::new(),
+        since: None,
+        until: None,
+        neighbours: false,
     };
-    store.search(&q).await.context("search failed")
+    let response = service(settings).await?.search(&request).await.context("search failed")?;
+    Ok(response.hits.into_iter().map(|h| Hit { id: h.id, score: h.score, payload: h.payload }).collect())
+}
+
+/// The context for one question (what `POST /v1/context` answers).
+pub async fn context(settings: &Settings, request: &ContextRequest) -> anyhow::Result<ContextResponse> {
+    Ok(service(settings).await?.context(request).await?)
+}
+
+/// Text: the answer, the aligned entities, then each window with its provenance; JSON: the API's body.
+pub fn render_context(r: &ContextResponse, json: bool) -> String {
+    if json {
+        return serde_json::to_string_pretty(r).unwrap_or_default() + "\n";
+    }
+    let mut out = String::new();
+    let status = serde_json::to_value(r.answer.status).ok().and_then(|v| v.as_str().map(str::to_string));
+    let strategy = serde_json::to_value(r.strategy).ok().and_then(|v| v.as_str().map(str::to_string));
+    let _ = writeln!(
+        out,
+        "answer {} (confidence {:.2})  strategy {}  {} of {} tokens  {} mentions found",
+        status.unwrap_or_default(),
+        r.answer.confidence,
+        strategy.unwrap_or_default(),
+        r.tokens,
+        r.budget_tokens,
+        r.mentions_found
+    );
+    for e in &r.entities {
+        let _ = writeln!(
+            out,
+            "entity {} {:?} score {:.2} ({}{})",
+            e.id,
+            e.label,
+            e.score,
+            e.found,
+            if e.answer { ", answer" } else { "" }
+        );
+    }
+    for (i, w) in r.windows.iter().enumerate() {
+        let support = if r.answer.supporting.contains(&i) { " *" } else { "" };
+        let _ = writeln!(
+            out,
+            "\n[{}]{} doc {} v{} {} section {} ({:.1}) bytes {}..{} {}\n    {}",
+            i,
+            support,
+            w.doc_id,
+            w.doc_version,
+            w.date.as_deref().unwrap_or("-"),
+            w.section,
+            w.weight,
+            w.start,
+            w.end,
+            w.assertions.join(","),
+            w.text.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
+    if !r.chunks.is_empty() {
+        let hits: Vec<Hit> =
+            r.chunks.iter().map(|h| Hit { id: h.id.clone(), score: h.score, payload: h.payload.clone() }).collect();
+        out.push_str("\nno aligned entity in this patient's notes; hybrid chunks:\n");
+        out.push_str(&render(&hits, false));
+    }
+    out
 }
 
 /// Text: one block per hit (rank, score, document, section, a snippet); JSON: one line per hit with its payload.

@@ -239,7 +239,7 @@ impl LabelIndex {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let tmp = path.with_extension("tmp");
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, out)?;
         std::fs::rename(tmp, path)
     }

@@ -34,9 +34,25 @@ pub struct PatientNote<'a> {
     pub version: &'a str,
     /// ISO date (or date-time) of the note; sorts as text.
     pub date: Option<&'a str>,
+    /// Byte offset of `text` in the note (0 for a whole note; a stored window's start otherwise).
+    pub offset: usize,
     pub text: &'a str,
     pub sections: &'a [Section],
     pub mentions: &'a [Mention],
+}
+
+impl<'a> From<&'a super::windows::WindowNote> for PatientNote<'a> {
+    fn from(w: &'a super::windows::WindowNote) -> Self {
+        PatientNote {
+            doc_id: &w.doc_id,
+            version: &w.version,
+            date: w.date.as_deref(),
+            offset: w.offset,
+            text: &w.text,
+            sections: &w.sections,
+            mentions: &w.mentions,
+        }
+    }
 }
 
 impl<'a> From<&'a crate::model::Document> for PatientNote<'a> {
@@ -46,6 +62,7 @@ impl<'a> From<&'a crate::model::Document> for PatientNote<'a> {
             doc_id: &d.note.doc_id,
             version: d.note.version.as_deref().unwrap_or(""),
             date: d.note.date.as_deref(),
+            offset: 0,
             text: &d.note.text,
             sections: &d.sections,
             mentions: &d.mentions,
@@ -177,7 +194,8 @@ pub fn assemble(
             .total_cmp(&a.score)
             .then_with(|| notes[b.note].date.cmp(&notes[a.note].date))
             .then_with(|| notes[a.note].doc_id.cmp(notes[b.note].doc_id))
-            .then(a.lo.cmp(&b.lo))
+            // Position in the note (byte offset, so whole notes and stored windows order alike).
+            .then((notes[a.note].offset + words[a.note][a.lo].0).cmp(&(notes[b.note].offset + words[b.note][b.lo].0)))
     });
 
     let mut seen_texts: HashSet<String> = HashSet::new();
@@ -225,8 +243,8 @@ pub fn assemble(
             date: note.date.map(str::to_string),
             section: section.name,
             weight: section.weight,
-            start,
-            end,
+            start: note.offset + start,
+            end: note.offset + end,
             text: note.text[start..end].to_string(),
             concepts: inside.iter().map(|m| lexicon.concept(m.concept).id.clone()).collect(),
             assertions: inside.iter().map(|m| assertion_name(&m.assertion).to_string()).collect(),
@@ -302,7 +320,7 @@ pub fn vote(votes: impl Iterator<Item = (usize, Assertion, f32)>, rules: Rules) 
     }
 }
 
-fn assertion_name(a: &Assertion) -> &'static str {
+pub fn assertion_name(a: &Assertion) -> &'static str {
     if a.negated {
         "negated"
     } else if a.uncertain {
@@ -422,6 +440,59 @@ mod tests {
         let capped = context(&p, &distinct, "Does the patient have cardiomegaly?", 300, 20);
         assert!(capped.tokens <= 300 && capped.tokens > 250, "{}", capped.tokens);
         assert_eq!(capped.mentions_found, 60);
+    }
+
+    #[test]
+    fn stored_windows_give_the_same_context_as_whole_notes() {
+        use crate::query::windows::{StoredWindow, WindowNote, build};
+        let p = pipeline();
+        let mut docs = Vec::new();
+        for i in 0..12usize {
+            let text = format!(
+                "HISTORY OF PRESENT ILLNESS: Shortness of breath. {a} No chest pain. {b}\n\nFINDINGS: {c} Small \
+                 left pleural effusion. {d} Possible pneumothorax on the right. {e}\n\nIMPRESSION: Cardiomegaly. \
+                 {f} Pleural effusion, stable. No pneumothorax.",
+                a = filler(3 + i * 7),
+                b = filler(40 - i),
+                c = filler(i * 13 % 50),
+                d = filler(5 + i * 11 % 70),
+                e = filler(20),
+                f = filler(i * 17 % 90),
+            );
+            docs.push(doc(&p, &format!("e{i}"), &format!("2024-0{}-01", 1 + i % 9), &text));
+        }
+        // Two copies of one note: copy-forward detection must behave alike too.
+        docs.push(doc(&p, "copy", "2024-12-01", &docs[3].note.text.clone()));
+        for stored_radius in [30usize, 60] {
+            let notes: Vec<WindowNote> = docs
+                .iter()
+                .flat_map(|d| {
+                    let ws = build(&d.note.text, &d.sections, &d.mentions, p.lexicon(), stored_radius);
+                    ws.into_iter().map(move |w| (d, w))
+                })
+                .map(|(d, w)| {
+                    // Through the payload's JSON form, as the store keeps it.
+                    let w: StoredWindow = serde_json::from_value(serde_json::to_value(&w).unwrap()).unwrap();
+                    WindowNote::new(d.note.doc_id.clone(), "1".into(), d.note.date.clone(), w, p.lexicon())
+                })
+                .collect();
+            let stored: Vec<PatientNote<'_>> = notes.iter().map(PatientNote::from).collect();
+            let whole: Vec<PatientNote<'_>> = docs.iter().map(PatientNote::from).collect();
+            if stored_radius == 30 {
+                assert!(stored.len() > docs.len(), "some notes keep more than one window at radius 30");
+            }
+            for question in ["Is there a pleural effusion?", "Does the patient have a pneumothorax?", "Chest pain?"] {
+                let a =
+                    align(question, &[], p.lexicon(), p.variables(), &LabelIndex::default(), None, Default::default());
+                for (radius, budget) in [(10, 120), (stored_radius, 400), (stored_radius / 2, 2000)] {
+                    let params = ContextParams { budget_tokens: budget, window_words: radius };
+                    let from_whole = assemble(&whole, &a, p.variables(), p.lexicon(), params, &words);
+                    let from_stored = assemble(&stored, &a, p.variables(), p.lexicon(), params, &words);
+                    assert!(!from_whole.windows.is_empty(), "{question}");
+                    assert_eq!(from_stored, from_whole, "{question} radius {radius} budget {budget}");
+                }
+            }
+        }
     }
 
     #[test]

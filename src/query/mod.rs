@@ -8,6 +8,8 @@
 
 pub mod align;
 pub mod context;
+pub mod windows;
 
 pub use align::{Aligned, Alignment, Found, LabelIndex};
 pub use context::{Answer, Context, ContextParams, ContextWindow, PatientNote};
+pub use windows::{StoredWindow, WindowNote};

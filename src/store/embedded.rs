@@ -20,7 +20,7 @@ use qdrant_edge::{
 };
 use serde_json::Value;
 
-use super::{DENSE, Hit, INDEXED_FIELDS, Point, Query, SPARSE, StoreError};
+use super::{DENSE, Filters, Hit, INDEXED_FIELDS, INTEGER_FIELDS, Point, Query, Record, SPARSE, StoreError};
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
 
@@ -36,6 +36,40 @@ pub struct EmbeddedStore {
 
 fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ {
     move |e| StoreError::fatal(format!("embedded store: {what}: {e}"))
+}
+
+/// Creates the payload indexes the shard lacks (all of them in a new store; fields added by a newer clinstream in
+/// an older one).
+fn ensure_indexes(shard: &EdgeShard) -> Result<(), StoreError> {
+    let have = shard.info().map_err(fatal("could not read the store's indexes"))?.payload_schema;
+    let wanted = INDEXED_FIELDS.iter().map(|f| (*f, "keyword")).chain(INTEGER_FIELDS.iter().map(|f| (*f, "integer")));
+    for (field, kind) in wanted {
+        let path =
+            field.parse::<JsonPath>().map_err(|_| StoreError::fatal(format!("payload index field `{field}`")))?;
+        if have.contains_key(&path) {
+            continue;
+        }
+        let schema: PayloadFieldSchema =
+            serde_json::from_value(Value::from(kind)).map_err(|e| StoreError::fatal(format!("index schema: {e}")))?;
+        shard
+            .update(UpdateOperation::FieldIndexOperation(FieldIndexOperations::CreateIndex(CreateIndex {
+                field_name: path,
+                field_schema: Some(schema),
+            })))
+            .map_err(fatal("could not create a payload index"))?;
+    }
+    Ok(())
+}
+
+fn filter_of(f: &Filters, record: Record) -> Result<Filter, StoreError> {
+    serde_json::from_value(f.to_json(record)).map_err(|e| StoreError::fatal(format!("filter: {e}")))
+}
+
+fn id_string(id: PointId) -> String {
+    match id {
+        PointId::Uuid(u) => u.to_string(),
+        PointId::NumId(n) => n.to_string(),
+    }
 }
 
 impl EmbeddedStore {
@@ -78,22 +112,12 @@ impl EmbeddedStore {
                 .sparse_vector(SPARSE, EdgeSparseVectorParams::builder().modifier(Modifier::Idf).memory(memory).build())
                 .payload_memory(memory)
                 .build();
-            let shard = EdgeShard::new(path, config).map_err(fatal("could not create the store"))?;
-            // Payload indexes before any data.
-            for field in INDEXED_FIELDS {
-                let schema: PayloadFieldSchema = serde_json::from_value(Value::from("keyword"))
-                    .map_err(|e| StoreError::fatal(format!("index schema: {e}")))?;
-                shard
-                    .update(UpdateOperation::FieldIndexOperation(FieldIndexOperations::CreateIndex(CreateIndex {
-                        field_name: field
-                            .parse::<JsonPath>()
-                            .map_err(|_| StoreError::fatal(format!("payload index field `{field}`")))?,
-                        field_schema: Some(schema),
-                    })))
-                    .map_err(fatal("could not create a payload index"))?;
-            }
-            shard
+            // Payload indexes before any data (below).
+            EdgeShard::new(path, config).map_err(fatal("could not create the store"))?
         };
+        if dim.is_some() {
+            ensure_indexes(&shard)?;
+        }
         Ok(EmbeddedStore {
             shard: Arc::new(shard),
             batch: s.upsert_batch,
@@ -157,12 +181,17 @@ impl EmbeddedStore {
                     let list = points
                         .into_iter()
                         .map(|p| {
-                            let sparse = qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values)
-                                .map_err(fatal("sparse vector"))?;
-                            let vectors = Vectors::new_named([
-                                (DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)),
-                                (SPARSE.to_string(), sparse),
-                            ]);
+                            // A window point has no vectors.
+                            let vectors = if p.dense.is_empty() {
+                                Vectors::new_named(Vec::<(String, qdrant_edge::Vector)>::new())
+                            } else {
+                                let sparse = qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values)
+                                    .map_err(fatal("sparse vector"))?;
+                                Vectors::new_named([
+                                    (DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)),
+                                    (SPARSE.to_string(), sparse),
+                                ])
+                            };
                             Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)).0)
                         })
                         .collect::<Result<Vec<_>, StoreError>>()?;
@@ -206,11 +235,7 @@ impl EmbeddedStore {
     }
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
-        let filter: Option<Filter> = q
-            .filter_json()
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
+        let filter = Some(filter_of(&q.filters, Record::Chunks)?);
         let candidates = (q.top * 4).max(20);
         let dense = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
             query: VectorInternal::Dense(q.dense.clone()),
@@ -243,10 +268,7 @@ impl EmbeddedStore {
             Ok(found
                 .into_iter()
                 .map(|p| Hit {
-                    id: match p.id {
-                        PointId::Uuid(u) => u.to_string(),
-                        PointId::NumId(n) => n.to_string(),
-                    },
+                    id: id_string(p.id),
                     score: p.score,
                     payload: p.payload.map(|Payload(m)| m).unwrap_or_default(),
                 })
@@ -255,8 +277,71 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn count(&self) -> Result<usize, StoreError> {
-        self.blocking(|shard| shard.count(CountRequest::new()).map_err(fatal("count failed"))).await
+    pub async fn count(&self, f: &Filters, record: Record) -> Result<usize, StoreError> {
+        let filter = filter_of(f, record)?;
+        self.blocking(move |shard| {
+            let mut request = CountRequest::new();
+            request.filter = Some(filter);
+            request.exact = true;
+            shard.count(request).map_err(fatal("count failed"))
+        })
+        .await
+    }
+
+    /// Payloads of the points matching the filters, paged by id, at most `limit`.
+    pub async fn scroll(
+        &self,
+        f: &Filters,
+        record: Record,
+        limit: usize,
+    ) -> Result<Vec<serde_json::Map<String, Value>>, StoreError> {
+        let filter = filter_of(f, record)?;
+        self.blocking(move |shard| {
+            let mut out = Vec::new();
+            let mut offset: Option<PointId> = None;
+            loop {
+                let page = 256.min(limit.saturating_sub(out.len()));
+                if page == 0 {
+                    break;
+                }
+                let mut request = qdrant_edge::ScrollRequestBuilder::new()
+                    .limit(page)
+                    .filter(filter.clone())
+                    .with_payload(WithPayloadInterface::Bool(true));
+                if let Some(o) = offset {
+                    request = request.offset(o);
+                }
+                let (records, next) = shard.scroll(request.build()).map_err(fatal("scroll failed"))?;
+                out.extend(records.into_iter().map(|r| r.payload.map(|Payload(m)| m).unwrap_or_default()));
+                match next {
+                    Some(n) => offset = Some(n),
+                    None => break,
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Points by id, in the order asked (missing ones left out).
+    pub async fn retrieve(&self, ids: &[String]) -> Result<Vec<Hit>, StoreError> {
+        let wanted: Vec<PointId> = ids.iter().filter_map(|i| i.parse::<uuid::Uuid>().ok()).map(PointId::Uuid).collect();
+        self.blocking(move |shard| {
+            let request = qdrant_edge::RetrieveRequestBuilder::new(wanted.clone())
+                .with_payload(WithPayloadInterface::Bool(true))
+                .build();
+            let mut found = shard.retrieve(request).map_err(fatal("retrieve failed"))?;
+            found.sort_by_key(|r| wanted.iter().position(|w| *w == r.id));
+            Ok(found
+                .into_iter()
+                .map(|r| Hit {
+                    id: id_string(r.id),
+                    score: 0.0,
+                    payload: r.payload.map(|Payload(m)| m).unwrap_or_default(),
+                })
+                .collect())
+        })
+        .await
     }
 
     pub async fn flush(&self) -> Result<(), StoreError> {

@@ -22,9 +22,25 @@ use crate::error::ErrorCode;
 pub const DENSE: &str = "dense";
 /// Name of the sparse (BM25) vector in the collection.
 pub const SPARSE: &str = "bm25";
-/// Payload fields with an index (created before any data is written).
-pub const INDEXED_FIELDS: &[&str] =
-    &["patient", "doc_id", "doc_version", "doc_type", "section", "entity_kinds", "entity_terms"];
+/// Payload fields with a keyword index (created before any data is written; added to older collections when a
+/// writer opens them).
+pub const INDEXED_FIELDS: &[&str] = &[
+    "patient",
+    "doc_id",
+    "doc_version",
+    "doc_type",
+    "section",
+    "sections",
+    "entity_kinds",
+    "entity_terms",
+    "concepts",
+    "record",
+];
+/// Payload fields with an integer index: `doc_day`, the note's date as `yyyymmdd` (date-range filters).
+pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
+/// The `record` payload value of entity-window points (chunks carry `chunk`; chunks written before windows
+/// existed carry none, so readers of chunks exclude windows rather than require `chunk`).
+pub const WINDOW: &str = "window";
 
 /// Namespace of point ids (UUIDv5): fixed forever, so ids stay stable across versions of clinstream.
 const POINT_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6c1b_5e2a_3f0d_4c8e_9a7b_2d4f_6e8c_1a3b);
@@ -34,6 +50,23 @@ pub fn point_id(doc_id: &str, version: &str, index: usize) -> uuid::Uuid {
     uuid::Uuid::new_v5(&POINT_NAMESPACE, format!("{doc_id}\u{1f}{version}\u{1f}{index}").as_bytes())
 }
 
+/// The point id of entity window `index` of a document version (a namespace apart from chunk ids).
+pub fn window_id(doc_id: &str, version: &str, index: usize) -> uuid::Uuid {
+    uuid::Uuid::new_v5(&POINT_NAMESPACE, format!("window\u{1f}{doc_id}\u{1f}{version}\u{1f}{index}").as_bytes())
+}
+
+/// A note date (`2024-03-01`, `2024-03-01T10:00:00Z`, ...) as the integer `yyyymmdd`; `None` when it does not
+/// start with a calendar date.
+pub fn day(date: &str) -> Option<i64> {
+    let b = date.as_bytes();
+    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| date.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    ((1..=12).contains(&m) && (1..=31).contains(&d)).then_some(y * 10_000 + m * 100 + d)
+}
+
 /// A sparse vector: sorted unique indices and their weights.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sparse {
@@ -41,6 +74,7 @@ pub struct Sparse {
     pub values: Vec<f32>,
 }
 
+/// A point. An entity window has no vectors (`dense` and `sparse` empty): it is found by filter only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
     pub id: uuid::Uuid,
@@ -49,28 +83,68 @@ pub struct Point {
     pub payload: Map<String, Value>,
 }
 
-/// A hybrid query: dense and sparse candidates fused by RRF, with optional filters.
+/// Filters on chunks or windows; empty lists and `None` filter nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Filters {
+    pub patient: Option<String>,
+    /// Any of these sections (chunks: any section the chunk spans; windows: any of their mentions' sections).
+    pub sections: Vec<String>,
+    pub doc_types: Vec<String>,
+    /// Any of these concept ids.
+    pub concepts: Vec<String>,
+    /// Note dates as `yyyymmdd` (`day`), inclusive.
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
+
+/// Which points a filter selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    Chunks,
+    Windows,
+}
+
+impl Filters {
+    /// The filter as Qdrant's JSON filter language (the embedded store parses this form; the server store builds
+    /// the same conditions with the client's builders).
+    pub fn to_json(&self, record: Record) -> Value {
+        use serde_json::json;
+        let mut must = Vec::new();
+        let mut must_not = Vec::new();
+        match record {
+            Record::Chunks => must_not.push(json!({"key": "record", "match": {"value": WINDOW}})),
+            Record::Windows => must.push(json!({"key": "record", "match": {"value": WINDOW}})),
+        }
+        if let Some(p) = &self.patient {
+            must.push(json!({"key": "patient", "match": {"value": p}}));
+        }
+        for (key, values) in [("sections", &self.sections), ("doc_type", &self.doc_types), ("concepts", &self.concepts)]
+        {
+            if !values.is_empty() {
+                must.push(json!({"key": key, "match": {"any": values}}));
+            }
+        }
+        if self.since.is_some() || self.until.is_some() {
+            let mut range = serde_json::Map::new();
+            if let Some(d) = self.since {
+                range.insert("gte".into(), d.into());
+            }
+            if let Some(d) = self.until {
+                range.insert("lte".into(), d.into());
+            }
+            must.push(json!({"key": "doc_day", "range": range}));
+        }
+        json!({"must": must, "must_not": must_not})
+    }
+}
+
+/// A hybrid query: dense and sparse candidates fused by RRF, with optional filters; chunks only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Query {
     pub dense: Vec<f32>,
     pub sparse: Sparse,
-    pub patient: Option<String>,
-    pub section: Option<String>,
+    pub filters: Filters,
     pub top: usize,
-}
-
-impl Query {
-    /// The filter as Qdrant's JSON filter language (both stores parse the same form).
-    pub fn filter_json(&self) -> Option<Value> {
-        let mut must = Vec::new();
-        if let Some(p) = &self.patient {
-            must.push(serde_json::json!({"key": "patient", "match": {"value": p}}));
-        }
-        if let Some(s) = &self.section {
-            must.push(serde_json::json!({"key": "section", "match": {"value": s}}));
-        }
-        (!must.is_empty()).then(|| serde_json::json!({ "must": must }))
-    }
 }
 
 /// How a dense-only nearest-neighbour search runs (`ServerStore::nearest`).
@@ -201,11 +275,32 @@ impl Store {
         }
     }
 
-    /// Points in the collection.
+    /// Chunks in the collection.
     pub async fn count(&self) -> Result<usize, StoreError> {
+        self.count_where(&Filters::default(), Record::Chunks).await
+    }
+
+    /// Points of one kind matching the filters.
+    pub async fn count_where(&self, f: &Filters, record: Record) -> Result<usize, StoreError> {
         match self {
-            Store::Embedded(s) => s.count().await,
-            Store::Server(s) => s.count().await,
+            Store::Embedded(s) => s.count(f, record).await,
+            Store::Server(s) => s.count(f, record).await,
+        }
+    }
+
+    /// The payloads of every window matching the filters (paged through; `limit` caps how many).
+    pub async fn windows(&self, f: &Filters, limit: usize) -> Result<Vec<Map<String, Value>>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.scroll(f, Record::Windows, limit).await,
+            Store::Server(s) => s.scroll(f, Record::Windows, limit).await,
+        }
+    }
+
+    /// Chunks by id (neighbour expansion), in the order asked; missing ids are left out.
+    pub async fn chunks(&self, ids: &[String]) -> Result<Vec<Hit>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.retrieve(ids).await,
+            Store::Server(s) => s.retrieve(ids).await,
         }
     }
 
@@ -246,5 +341,32 @@ mod tests {
         // The separator keeps ("a1", "") and ("a", "1") apart.
         assert_ne!(point_id("a1", "", 0), point_id("a", "1", 0));
         assert_eq!(point_id("d1", "2", 0).get_version_num(), 5);
+        assert_ne!(window_id("d1", "2", 0), point_id("d1", "2", 0));
+        assert_eq!(window_id("d1", "2", 3), window_id("d1", "2", 3));
+    }
+
+    #[test]
+    fn days_from_fhir_dates() {
+        assert_eq!(day("2024-03-01"), Some(20240301));
+        assert_eq!(day("2024-03-01T10:00:00+01:00"), Some(20240301));
+        assert_eq!(day("2024-13-01"), None);
+        assert_eq!(day("2024"), None);
+        assert_eq!(day("20240301"), None);
+        assert_eq!(day("2024-03-0x"), None);
+    }
+
+    #[test]
+    fn chunk_filters_exclude_windows_and_window_filters_require_them() {
+        let f = Filters { patient: Some("Patient/1".into()), since: Some(20240101), ..Default::default() };
+        let chunks = f.to_json(Record::Chunks);
+        assert_eq!(chunks["must_not"][0]["match"]["value"], WINDOW);
+        assert_eq!(chunks["must"][1]["range"]["gte"], 20240101);
+        assert!(chunks["must"][1]["range"]["lte"].is_null());
+        let windows = f.to_json(Record::Windows);
+        assert_eq!(windows["must"][0]["match"]["value"], WINDOW);
+        assert_eq!(windows["must_not"].as_array().unwrap().len(), 0);
+        // Both parse as the embedded engine's filter.
+        let _: qdrant_edge::Filter = serde_json::from_value(chunks).unwrap();
+        let _: qdrant_edge::Filter = serde_json::from_value(windows).unwrap();
     }
 }

@@ -15,7 +15,9 @@ use qdrant_client::qdrant::{
 };
 use qdrant_client::{Payload, Qdrant, QdrantError};
 
-use super::{DENSE, DenseSearch, Hit, INDEXED_FIELDS, Point, Query, SPARSE, StoreError};
+use super::{
+    DENSE, DenseSearch, Filters, Hit, INDEXED_FIELDS, INTEGER_FIELDS, Point, Query, Record, SPARSE, StoreError, WINDOW,
+};
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
 
@@ -66,6 +68,38 @@ fn classify(what: &str, e: QdrantError) -> StoreError {
     }
 }
 
+fn id_string(id: Option<qdrant_client::qdrant::PointId>) -> String {
+    match id.and_then(|i| i.point_id_options) {
+        Some(PointIdOptions::Uuid(u)) => u,
+        Some(PointIdOptions::Num(n)) => n.to_string(),
+        None => String::new(),
+    }
+}
+
+/// The conditions of `Filters::to_json`, with the client's builders.
+fn filter_of(f: &Filters, record: Record) -> Filter {
+    use qdrant_client::qdrant::Range;
+    let mut must = Vec::new();
+    let mut must_not = Vec::new();
+    match record {
+        Record::Chunks => must_not.push(Condition::matches("record", WINDOW.to_string())),
+        Record::Windows => must.push(Condition::matches("record", WINDOW.to_string())),
+    }
+    if let Some(p) = &f.patient {
+        must.push(Condition::matches("patient", p.clone()));
+    }
+    for (key, values) in [("sections", &f.sections), ("doc_type", &f.doc_types), ("concepts", &f.concepts)] {
+        if !values.is_empty() {
+            must.push(Condition::matches(key, values.clone()));
+        }
+    }
+    if f.since.is_some() || f.until.is_some() {
+        let range = Range { gte: f.since.map(|d| d as f64), lte: f.until.map(|d| d as f64), ..Default::default() };
+        must.push(Condition::range("doc_day", range));
+    }
+    Filter { must, must_not, ..Default::default() }
+}
+
 impl ServerStore {
     /// Connects. With a dimension (a writer): creates the collection with the configured settings (dense + sparse
     /// vectors, shards, replicas, HNSW, quantization; payload indexes before the first point) when it is missing,
@@ -104,6 +138,7 @@ impl ServerStore {
         } else {
             store.create(dim, s).await?;
         }
+        store.ensure_indexes().await?;
         if !s.alias.is_empty() {
             store.ensure_alias(&s.alias).await?;
         }
@@ -184,11 +219,24 @@ impl ServerStore {
                 return Err(classify("create_collection", e));
             }
         }
-        for field in INDEXED_FIELDS {
+        Ok(())
+    }
+
+    /// Creates the payload indexes the collection lacks (all of them after `create`, before any point; fields a
+    /// newer clinstream added, in an older collection).
+    async fn ensure_indexes(&self) -> Result<(), StoreError> {
+        let info = self.client.collection_info(&self.collection).await.map_err(|e| classify("collection_info", e))?;
+        let have = info.result.map(|r| r.payload_schema).unwrap_or_default();
+        let wanted = INDEXED_FIELDS
+            .iter()
+            .map(|f| (*f, FieldType::Keyword))
+            .chain(INTEGER_FIELDS.iter().map(|f| (*f, FieldType::Integer)));
+        for (field, kind) in wanted {
+            if have.contains_key(field) {
+                continue;
+            }
             self.client
-                .create_field_index(
-                    CreateFieldIndexCollectionBuilder::new(&self.collection, *field, FieldType::Keyword).wait(true),
-                )
+                .create_field_index(CreateFieldIndexCollectionBuilder::new(&self.collection, field, kind).wait(true))
                 .await
                 .map_err(|e| classify("create_field_index", e))?;
         }
@@ -205,11 +253,14 @@ impl ServerStore {
                 let payload = Payload::try_from(serde_json::Value::Object(p.payload))
                     .map_err(|e| StoreError::fatal(format!("payload: {e}")))?;
                 let mut vectors: HashMap<String, qdrant_client::qdrant::Vector> = HashMap::new();
-                vectors.insert(DENSE.into(), p.dense.into());
-                vectors.insert(
-                    SPARSE.into(),
-                    qdrant_client::qdrant::Vector::new_sparse(p.sparse.indices, p.sparse.values),
-                );
+                // A window point has no vectors.
+                if !p.dense.is_empty() {
+                    vectors.insert(DENSE.into(), p.dense.into());
+                    vectors.insert(
+                        SPARSE.into(),
+                        qdrant_client::qdrant::Vector::new_sparse(p.sparse.indices, p.sparse.values),
+                    );
+                }
                 batch.push(PointStruct::new(p.id.to_string(), vectors, payload));
             }
             let clock = Instant::now();
@@ -239,14 +290,7 @@ impl ServerStore {
     }
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
-        let mut conditions = Vec::new();
-        if let Some(p) = &q.patient {
-            conditions.push(Condition::matches("patient", p.clone()));
-        }
-        if let Some(s) = &q.section {
-            conditions.push(Condition::matches("section", s.clone()));
-        }
-        let filter = (!conditions.is_empty()).then(|| Filter::must(conditions));
+        let filter = Some(filter_of(&q.filters, Record::Chunks));
         let candidates = (q.top * 4).max(20) as u64;
         let mut dense =
             PrefetchQueryBuilder::default().query(QQuery::new_nearest(q.dense.clone())).using(DENSE).limit(candidates);
@@ -278,11 +322,7 @@ impl ServerStore {
             .result
             .into_iter()
             .map(|p| Hit {
-                id: match p.id.and_then(|i| i.point_id_options) {
-                    Some(PointIdOptions::Uuid(u)) => u,
-                    Some(PointIdOptions::Num(n)) => n.to_string(),
-                    None => String::new(),
-                },
+                id: id_string(p.id),
                 score: p.score,
                 payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
             })
@@ -342,12 +382,68 @@ impl ServerStore {
         Ok((r.points_count.unwrap_or(0), r.indexed_vectors_count.unwrap_or(0), green))
     }
 
-    pub async fn count(&self) -> Result<usize, StoreError> {
+    pub async fn count(&self, f: &Filters, record: Record) -> Result<usize, StoreError> {
         let r = self
             .client
-            .count(CountPointsBuilder::new(&self.collection).exact(true))
+            .count(CountPointsBuilder::new(&self.collection).filter(filter_of(f, record)).exact(true))
             .await
             .map_err(|e| classify("count", e))?;
         Ok(r.result.map_or(0, |c| c.count as usize))
+    }
+
+    /// Payloads of the points matching the filters, paged by id, at most `limit`.
+    pub async fn scroll(
+        &self,
+        f: &Filters,
+        record: Record,
+        limit: usize,
+    ) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, StoreError> {
+        use qdrant_client::qdrant::ScrollPointsBuilder;
+        let filter = filter_of(f, record);
+        let mut out = Vec::new();
+        let mut offset = None;
+        loop {
+            let page = 256.min(limit.saturating_sub(out.len())) as u32;
+            if page == 0 {
+                break;
+            }
+            let mut request =
+                ScrollPointsBuilder::new(&self.collection).filter(filter.clone()).limit(page).with_payload(true);
+            if let Some(o) = offset.take() {
+                request = request.offset(o);
+            }
+            let r = self.client.scroll(request).await.map_err(|e| classify("scroll", e))?;
+            out.extend(r.result.into_iter().map(|p| p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect()));
+            match r.next_page_offset {
+                Some(n) => offset = Some(n),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Points by id, in the order asked (missing ones left out).
+    pub async fn retrieve(&self, ids: &[String]) -> Result<Vec<Hit>, StoreError> {
+        use qdrant_client::qdrant::{GetPointsBuilder, PointId};
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: Vec<PointId> = ids.iter().map(|i| PointId::from(i.clone())).collect();
+        let r = self
+            .client
+            .get_points(GetPointsBuilder::new(&self.collection, wanted).with_payload(true))
+            .await
+            .map_err(|e| classify("get_points", e))?;
+        let mut hits: Vec<Hit> = r
+            .result
+            .into_iter()
+            .map(|p| Hit {
+                id: id_string(p.id),
+                score: 0.0,
+                payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
+            })
+            .collect();
+        hits.sort_by_key(|h| ids.iter().position(|i| *i == h.id));
+        Ok(hits)
     }
 }

@@ -45,12 +45,16 @@ pub const NAMES: &[&str] = &[
     STORE_RETRIES,
     CHUNKS_PER_DOCUMENT,
     STORE_MAINTENANCE_DURATION,
+    API_REQUESTS,
+    API_DURATION,
 ];
 
 /// Series that exist only per assigned Kafka partition (none in file mode, none before an assignment);
 /// `tests/kafka.rs` reads them back from a Kafka-mode worker.
 pub const PER_PARTITION: &[&str] = &[CONSUMER_LAG, KAFKA_COMMITTED_OFFSET];
 
+pub const API_REQUESTS: &str = "clinstream_api_requests_total";
+pub const API_DURATION: &str = "clinstream_api_request_duration_seconds";
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
 pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
 pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
@@ -131,6 +135,10 @@ pub struct Metrics {
     pub chunks_per_document: Histogram,
     /// Embedded store: one background flush + optimisation (`store.maintain_every`).
     pub store_maintenance_duration: Histogram,
+    /// `route`: context | search | other; `status`: the HTTP status code. Query-service requests answered.
+    pub api_requests: IntCounterVec,
+    /// `route`: context | search. Time from request to response, auth and queueing included.
+    pub api_duration: HistogramVec,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -319,6 +327,20 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            api_requests: register(
+                &r,
+                IntCounterVec::new(Opts::new(API_REQUESTS, "Query-service requests answered."), &["route", "status"])
+                    .unwrap(),
+            ),
+            api_duration: register(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(API_DURATION, "Query-service request latency.")
+                        .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
+                    &["route"],
+                )
+                .unwrap(),
+            ),
             registry: r,
         }
     }
@@ -371,6 +393,10 @@ pub fn metrics() -> &'static Metrics {
         }
         for kind in EntityKind::ALL {
             m.mentions.with_label_values(&[kind.as_str()]);
+        }
+        for route in ["context", "search"] {
+            m.api_duration.with_label_values(&[route]);
+            m.api_requests.with_label_values(&[route, "200"]);
         }
         m
     })

@@ -1,0 +1,205 @@
+//! Entity windows as they are stored beside the chunks: per note version, a window of ±`words` words around
+//! every mention, windows that overlap or touch merged, each carrying its mentions (offsets relative to the
+//! window), their sections and assertions. The read side rebuilds notes from them (`WindowNote`) and assembles
+//! context over those exactly as over the whole notes, because a query window of at most the stored radius around
+//! a mention never leaves the stored window that holds the mention, and two mentions in different stored windows
+//! are more than two stored radii apart (their query windows cannot touch either). `context::tests` checks that
+//! equivalence on real notes.
+//!
+//! Pure: no I/O; `index` turns these into store points, the query service reads them back from payloads.
+
+use serde::{Deserialize, Serialize};
+
+use crate::lexicon::Lexicon;
+use crate::model::mention::{Assertion, EntityKind};
+use crate::model::{Mention, Section};
+use crate::stages::clear::word_spans;
+use crate::stages::sections::CANONICAL_SECTIONS;
+
+/// One stored window of a note.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredWindow {
+    /// Position among the note's windows (part of the point id).
+    pub index: usize,
+    /// Byte offsets of the window in the note's text.
+    pub start: usize,
+    pub end: usize,
+    pub text: String,
+    /// The sections its mentions lie in, each once, in text order.
+    pub sections: Vec<StoredSection>,
+    pub mentions: Vec<StoredMention>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredSection {
+    pub name: String,
+    pub weight: f32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMention {
+    /// Concept id in the lexicon (`SNOMED:…`, `RXNORM:…`, ...).
+    pub concept: String,
+    pub kind: String,
+    /// Byte offsets in the window's text.
+    pub start: usize,
+    pub end: usize,
+    /// Index into the window's `sections`.
+    pub section: usize,
+    pub negated: bool,
+    pub uncertain: bool,
+    pub historical: bool,
+    pub family: bool,
+    pub hypothetical: bool,
+}
+
+impl StoredWindow {
+    /// The concept ids inside, each once, in text order (an indexed payload field).
+    pub fn concepts(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for m in &self.mentions {
+            if !out.contains(&m.concept.as_str()) {
+                out.push(&m.concept);
+            }
+        }
+        out
+    }
+
+    /// The heaviest section among the mentions.
+    pub fn main_section(&self) -> Option<&StoredSection> {
+        self.sections.iter().max_by(|a, b| a.weight.total_cmp(&b.weight))
+    }
+}
+
+/// The windows of one processed note: ±`words` words around each mention (in sentences), merged when they overlap
+/// or touch. `words = 0` stores none.
+pub fn build(
+    text: &str,
+    sections: &[Section],
+    mentions: &[Mention],
+    lexicon: &Lexicon,
+    words: usize,
+) -> Vec<StoredWindow> {
+    let spans = word_spans(text);
+    if words == 0 || spans.is_empty() || mentions.is_empty() {
+        return Vec::new();
+    }
+    let word_of = |offset: usize| spans.partition_point(|&(_, e)| e <= offset).min(spans.len() - 1);
+    let mut sorted: Vec<&Mention> = mentions.iter().collect();
+    sorted.sort_by_key(|m| (m.start, m.end));
+    let mut groups: Vec<(usize, usize, Vec<&Mention>)> = Vec::new();
+    for m in sorted {
+        let lo = word_of(m.start).saturating_sub(words);
+        let hi = (word_of(m.end.saturating_sub(1)) + words).min(spans.len() - 1);
+        match groups.last_mut() {
+            Some(g) if lo <= g.1 + 1 => {
+                g.1 = g.1.max(hi);
+                g.2.push(m);
+            }
+            _ => groups.push((lo, hi, vec![m])),
+        }
+    }
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(index, (lo, hi, ms))| {
+            let (start, end) = (spans[lo].0, spans[hi].1);
+            let mut window_sections: Vec<usize> = Vec::new();
+            let mentions = ms
+                .iter()
+                .map(|m| {
+                    let at = window_sections.iter().position(|&s| s == m.section).unwrap_or_else(|| {
+                        window_sections.push(m.section);
+                        window_sections.len() - 1
+                    });
+                    let a = m.assertion;
+                    StoredMention {
+                        concept: lexicon.concept(m.concept).id.clone(),
+                        kind: m.kind.as_str().to_string(),
+                        start: m.start - start,
+                        end: m.end.min(end) - start,
+                        section: at,
+                        negated: a.negated,
+                        uncertain: a.uncertain,
+                        historical: a.historical,
+                        family: a.family,
+                        hypothetical: a.hypothetical,
+                    }
+                })
+                .collect();
+            StoredWindow {
+                index,
+                start,
+                end,
+                text: text[start..end].to_string(),
+                sections: window_sections
+                    .iter()
+                    .map(|&i| StoredSection { name: sections[i].name.to_string(), weight: sections[i].weight })
+                    .collect(),
+                mentions,
+            }
+        })
+        .collect()
+}
+
+/// A stored window turned back into what context assembly reads (`PatientNote` borrows from it).
+#[derive(Debug, Clone)]
+pub struct WindowNote {
+    pub doc_id: String,
+    pub version: String,
+    pub date: Option<String>,
+    /// Byte offset of `text` in the note.
+    pub offset: usize,
+    pub text: String,
+    pub sections: Vec<Section>,
+    pub mentions: Vec<Mention>,
+}
+
+impl WindowNote {
+    /// Rebuilds a window's note fragment; mentions of concepts the lexicon does not know (another vocabulary
+    /// version) or with offsets outside the text are dropped, so a stale point never breaks a request.
+    pub fn new(doc_id: String, version: String, date: Option<String>, w: StoredWindow, lexicon: &Lexicon) -> Self {
+        let sections: Vec<Section> = w
+            .sections
+            .iter()
+            .map(|s| Section {
+                name: static_section(&s.name),
+                title: String::new(),
+                start: 0,
+                end: w.text.len(),
+                body_start: 0,
+                weight: s.weight,
+            })
+            .collect();
+        let mentions = w
+            .mentions
+            .iter()
+            .filter(|m| m.start < m.end && m.end <= w.text.len() && m.section < sections.len())
+            .filter(|m| w.text.is_char_boundary(m.start) && w.text.is_char_boundary(m.end))
+            .filter_map(|m| {
+                let concept = lexicon.concept_index(&m.concept)?;
+                Some(Mention {
+                    kind: EntityKind::parse(&m.kind).unwrap_or(lexicon.concept(concept).kind),
+                    concept,
+                    start: m.start,
+                    end: m.end,
+                    sentence: 0,
+                    section: m.section,
+                    assertion: Assertion {
+                        negated: m.negated,
+                        uncertain: m.uncertain,
+                        historical: m.historical,
+                        family: m.family,
+                        hypothetical: m.hypothetical,
+                    },
+                })
+            })
+            .collect();
+        WindowNote { doc_id, version, date, offset: w.start, text: w.text, sections, mentions }
+    }
+}
+
+/// The canonical section name as the `'static` the model uses (`other` for a name this build does not know).
+fn static_section(name: &str) -> &'static str {
+    CANONICAL_SECTIONS.iter().find(|c| **c == name).copied().unwrap_or("other")
+}

@@ -1,0 +1,325 @@
+//! The HTTP side of the query service (axum): `POST /v1/context`, `POST /v1/search`, beside `/metrics`,
+//! `/healthz`, `/readyz` (`http::router`).
+//!
+//! Every `/v1` request passes, in order: the bearer-token check (401 before the body is read), the body limit
+//! (413), the content type (415), JSON decoding into the typed request (400 naming the field — serde's messages,
+//! which may quote values, are never passed on), the concurrency limit (`serve.max_concurrent`; the rest wait) and
+//! the timeout (504). Store unavailable → 503 with `Retry-After`; other store or model failures → 500. Every
+//! answer is counted by route and status, and timed by route; nothing of the request is logged.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use super::api::{ErrorBody, ErrorDetail};
+use super::{ContextRequest, SearchRequest, ServeError, Service};
+use crate::http::Readiness;
+use crate::store::StoreError;
+use crate::telemetry::metrics::metrics;
+
+#[derive(Clone)]
+struct Api {
+    service: Arc<Service>,
+    keys: Arc<Vec<String>>,
+    auth: bool,
+    permits: Arc<Semaphore>,
+    timeout: Duration,
+}
+
+/// A JSON answer.
+fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "response could not be encoded").into_response(),
+    }
+}
+
+/// A JSON error answer.
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = ErrorBody { error: ErrorDetail { code: code.to_string(), message: message.into() } };
+    let mut r = json(status, &body);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    r
+}
+
+impl IntoResponse for ServeError {
+    fn into_response(self) -> Response {
+        match &self {
+            ServeError::BadRequest(m) => error(StatusCode::BAD_REQUEST, "bad_request", m.clone()),
+            ServeError::Store(StoreError::Unavailable { .. }) => {
+                crate::http::set_store_reachable(false);
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the vector store is unavailable; retry later",
+                )
+            }
+            ServeError::Store(StoreError::Failed(_)) => {
+                tracing::warn!(error = %self, "A query-service request failed in the vector store.");
+                error(StatusCode::INTERNAL_SERVER_ERROR, "store_failed", "the vector store refused the request")
+            }
+            ServeError::Embed(_) => {
+                tracing::warn!(error = %self, "A query-service request failed in the embedding model.");
+                error(StatusCode::INTERNAL_SERVER_ERROR, "embed_failed", "the embedding model failed")
+            }
+        }
+    }
+}
+
+/// Keys compared without an early exit on the first differing byte.
+fn key_matches(given: &str, keys: &[String]) -> bool {
+    keys.iter().fold(false, |found, k| {
+        let same = k.len() == given.len() && k.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        found | same
+    })
+}
+
+async fn authenticate(State(api): State<Api>, request: Request, next: Next) -> Response {
+    if api.auth {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        match given {
+            Some(k) if key_matches(k, &api.keys) => {}
+            Some(_) => return count("other", error(StatusCode::UNAUTHORIZED, "unauthorized", "unknown API key")),
+            None => {
+                return count(
+                    "other",
+                    error(StatusCode::UNAUTHORIZED, "unauthorized", "send `Authorization: Bearer <key>`"),
+                );
+            }
+        }
+    }
+    next.run(request).await
+}
+
+fn count(route: &str, r: Response) -> Response {
+    metrics().api_requests.with_label_values(&[route, r.status().as_str()]).inc();
+    r
+}
+
+/// Decodes a JSON body into `T`; the error names the path of the bad field, never its value.
+/// A refused body: status, code, message.
+type Refusal = (StatusCode, &'static str, String);
+
+fn decode<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, Refusal> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")));
+    if !json {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send Content-Type: application/json".into(),
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let why = match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                format!("body is not valid JSON (line {}, column {})", inner.line(), inner.column())
+            }
+            _ => {
+                // serde's message for an unknown field names the field, not a value; for wrong types it may quote
+                // the value, so only the expected shape is said.
+                let m = inner.to_string();
+                if m.starts_with("unknown field") {
+                    m.split(", expected").next().unwrap_or("unknown field").replace(" at line", ";").to_string()
+                } else if m.starts_with("missing field") {
+                    m.split(" at line").next().unwrap_or("missing field").to_string()
+                } else {
+                    "wrong type or value".to_string()
+                }
+            }
+        };
+        let at = if path == "." || path.is_empty() { String::new() } else { format!("{path}: ") };
+        (StatusCode::BAD_REQUEST, "bad_request", format!("{at}{why}"))
+    })
+}
+
+/// Runs a request under the concurrency limit and the timeout, counting and timing it.
+async fn answer<T, R, F, Fut>(
+    api: &Api,
+    route: &str,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    work: F,
+) -> Response
+where
+    T: DeserializeOwned,
+    R: serde::Serialize,
+    F: FnOnce(Arc<Service>, T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, ServeError>>,
+{
+    let clock = Instant::now();
+    let response = async {
+        let body = match body {
+            Ok(b) => b,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("body larger than {} bytes (serve.max_body_bytes)", api.service.settings().max_body_bytes),
+                );
+            }
+            Err(_) => return error(StatusCode::BAD_REQUEST, "bad_request", "the body could not be read"),
+        };
+        let request: T = match decode(&headers, &body) {
+            Ok(r) => r,
+            Err((status, code, message)) => return error(status, code, message),
+        };
+        let work = async {
+            let _permit = api.permits.acquire().await;
+            work(api.service.clone(), request).await
+        };
+        match tokio::time::timeout(api.timeout, work).await {
+            Ok(Ok(r)) => {
+                crate::http::set_store_reachable(true);
+                json(StatusCode::OK, &r)
+            }
+            Ok(Err(e)) => e.into_response(),
+            Err(_) => error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                format!("not answered within {} ms (serve.timeout_ms)", api.timeout.as_millis()),
+            ),
+        }
+    }
+    .await;
+    metrics().api_duration.with_label_values(&[route]).observe(clock.elapsed().as_secs_f64());
+    count(route, response)
+}
+
+async fn context(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    answer(&api, "context", headers, body, |s, r: ContextRequest| async move { s.context(&r).await }).await
+}
+
+async fn search(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    answer(&api, "search", headers, body, |s, r: SearchRequest| async move { s.search(&r).await }).await
+}
+
+async fn not_found() -> Response {
+    count("other", error(StatusCode::NOT_FOUND, "not_found", "no such route (POST /v1/context, POST /v1/search)"))
+}
+
+/// The API routes with health and metrics.
+pub fn router(service: Arc<Service>, readiness: Readiness) -> Router {
+    let s = service.settings();
+    let api = Api {
+        keys: Arc::new(s.keys()),
+        auth: s.auth,
+        permits: Arc::new(Semaphore::new(s.max_concurrent)),
+        timeout: Duration::from_millis(s.timeout_ms),
+        service: service.clone(),
+    };
+    let v1 = Router::new()
+        .route("/v1/context", post(context))
+        .route("/v1/search", post(search))
+        .layer(DefaultBodyLimit::max(s.max_body_bytes))
+        .route_layer(middleware::from_fn_with_state(api.clone(), authenticate))
+        .with_state(api);
+    crate::http::router(readiness).merge(v1).fallback(not_found)
+}
+
+/// Binds `addr` (fails loudly when it cannot) and serves the API in a background task until `shutdown`
+/// resolves. Returns the bound address.
+pub async fn serve(
+    addr: &str,
+    service: Arc<Service>,
+    readiness: Readiness,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = router(service, readiness);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            tracing::warn!(error = %e, "The query service stopped.");
+        }
+    });
+    Ok((local, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_exactly() {
+        let keys = vec!["alpha".to_string(), "beta-key".to_string()];
+        assert!(key_matches("alpha", &keys));
+        assert!(key_matches("beta-key", &keys));
+        assert!(!key_matches("alph", &keys));
+        assert!(!key_matches("alphaa", &keys));
+        assert!(!key_matches("", &keys));
+        assert!(!key_matches("alpha", &[]));
+    }
+
+    #[test]
+    fn bad_bodies_name_the_field_never_the_value() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let status_and_text = |(status, code, message): Refusal| {
+            let body = futures_body(error(status, code, message));
+            (status, body)
+        };
+        let (s, b) =
+            status_and_text(decode::<ContextRequest>(&h, br#"{"patient": "p", "questoin": "SECRET"}"#).unwrap_err());
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(b.contains("questoin") && !b.contains("SECRET"), "{b}");
+        let (_, b) = status_and_text(decode::<ContextRequest>(&h, br#"{"patient": "p", "question": 7}"#).unwrap_err());
+        assert!(b.contains("question") && !b.contains('7'), "{b}");
+        let (_, b) = status_and_text(decode::<ContextRequest>(&h, br#"{"patient": "p"}"#).unwrap_err());
+        assert!(b.contains("missing field `question`"), "{b}");
+        let (_, b) = status_and_text(decode::<ContextRequest>(&h, br#"{"patient": "SECRET", "#).unwrap_err());
+        assert!(b.contains("not valid JSON") && !b.contains("SECRET"), "{b}");
+        let (_, b) = status_and_text(
+            decode::<ContextRequest>(&h, br#"{"patient": "p", "question": "q", "budget_tokens": -3}"#).unwrap_err(),
+        );
+        assert!(b.contains("budget_tokens") && !b.contains("-3"), "{b}");
+        let ok: ContextRequest =
+            decode(&h, br#"{"patient": "p", "question": "q", "sections": ["impression"]}"#).unwrap();
+        assert_eq!(ok.sections, ["impression"]);
+        let (s, _) = status_and_text(decode::<ContextRequest>(&HeaderMap::new(), b"{}").unwrap_err());
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+
+    fn futures_body(r: Response) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async {
+            use http_body_util::BodyExt;
+            let bytes = r.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(bytes.to_vec()).unwrap()
+        })
+    }
+}

@@ -1,0 +1,576 @@
+//! The query service against both stores with the real model (all-MiniLM-L6-v2 on ONNX Runtime, `make model`),
+//! the Qdrant engine in-process and a real Qdrant server (`tests/common/qdrant.rs`): auth, patient isolation,
+//! filters, bad requests, a store going down (503) and back, a new version of a note replacing the old one in
+//! answers, neighbour expansion, metrics; and, as processes, `clinstream run` then `clinstream serve` on one
+//! embedded store, `clinstream context` (the CLI twin) answering what the API answers, and a worker serving the
+//! API while it consumes.
+//!
+//! The concept-label embeddings (about 22,000 labels) are built once and cached in the temp directory for every
+//! test here (`serve.cache_dir`), as a restart finds them in production.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clinstream::config::{Secret, Settings};
+use clinstream::http::Readiness;
+use clinstream::index::Indexer;
+use clinstream::serve::{Service, routes};
+use clinstream::stages::Pipeline;
+use serde_json::{Value, json};
+
+const KEY: &str = "test-key-1";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn label_cache() -> PathBuf {
+    std::env::temp_dir().join("clinstream-test-label-cache")
+}
+
+fn settings(dir: &Path) -> Option<Settings> {
+    let model = root().join("models/all-MiniLM-L6-v2/model.onnx");
+    if !model.is_file() {
+        if std::env::var("CLINSTREAM_SKIP_MODEL_TESTS").is_ok() {
+            eprintln!("SKIPPED: no model files (run `make model`)");
+            return None;
+        }
+        panic!("models/ is missing: run `make model` (or set CLINSTREAM_SKIP_MODEL_TESTS=1)");
+    }
+    let mut s = Settings::load_from(None, Some(Default::default())).unwrap();
+    s.embed.model_dir = root().join("models/all-MiniLM-L6-v2").display().to_string();
+    s.embed.ort_library = root().join("models/onnxruntime/libonnxruntime.so.1.31.1").display().to_string();
+    s.store.path = dir.join("qdrant").display().to_string();
+    s.serve.api_keys = Secret::new(format!("other-key, {KEY}"));
+    s.serve.addr = "127.0.0.1:0".into();
+    s.serve.cache_dir = label_cache().display().to_string();
+    s.serve.max_budget_tokens = 2048;
+    s.serve.max_body_bytes = 4096;
+    s.serve.max_top = 20;
+    Some(s)
+}
+
+fn server_settings(dir: &Path, server: &common::qdrant::QdrantServer) -> Option<Settings> {
+    let mut s = settings(dir)?;
+    s.store.kind = "qdrant".into();
+    s.store.url = server.url.clone();
+    s.store.api_key = Secret::new(server.api_key.clone());
+    s.store.collection = common::qdrant::unique_collection("serve");
+    s.store.timeout_ms = 5_000;
+    Some(s)
+}
+
+fn note(id: &str, version: &str, status: &str, patient: &str, date: &str, doc_type: &str, text: &str) -> Vec<u8> {
+    use base64::Engine;
+    serde_json::to_vec(&json!({
+        "resourceType": "DocumentReference", "id": id, "status": status, "date": date,
+        "meta": {"versionId": version},
+        "type": {"text": doc_type},
+        "subject": {"reference": patient},
+        "content": [{"attachment": {"contentType": "text/plain",
+            "data": base64::engine::general_purpose::STANDARD.encode(text)}}]
+    }))
+    .unwrap()
+}
+
+fn filler(n: usize) -> String {
+    ["The", "patient", "was", "seen", "today", "and", "vital", "signs", "were", "reviewed."]
+        .iter()
+        .cycle()
+        .take(n)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The notes every scenario starts from: p1 has effusion notes of two types and dates, p2 a pneumothorax.
+fn records() -> Vec<Vec<u8>> {
+    vec![
+        note(
+            "p1-a",
+            "1",
+            "current",
+            "Patient/p1",
+            "2024-01-10",
+            "Radiology report",
+            &format!(
+                "FINDINGS: Small left pleural effusion. {}\n\nIMPRESSION: Small left pleural effusion.",
+                filler(30)
+            ),
+        ),
+        note(
+            "p1-b",
+            "1",
+            "current",
+            "Patient/p1",
+            "2024-03-05",
+            "Progress note",
+            &format!(
+                "HISTORY OF PRESENT ILLNESS: Dyspnea. {}\n\nASSESSMENT AND PLAN: Pleural effusion, enlarging; \
+                 thoracentesis planned. {}",
+                filler(40),
+                filler(300)
+            ),
+        ),
+        note(
+            "p2-a",
+            "1",
+            "current",
+            "Patient/p2",
+            "2024-02-01",
+            "Radiology report",
+            "FINDINGS: Large right pneumothorax. No pleural effusion.\n\nIMPRESSION: Large right pneumothorax.",
+        ),
+    ]
+}
+
+/// A running service over a store the test indexes into.
+struct Running {
+    port: u16,
+    indexer: Arc<Indexer>,
+    pipeline: Arc<Pipeline>,
+}
+
+impl Running {
+    async fn start(s: &Settings) -> Running {
+        let pipeline = Arc::new(Pipeline::new(s).unwrap());
+        let indexer = Arc::new(Indexer::start(s, pipeline.compiled()).await.unwrap());
+        let r = Running { port: 0, indexer, pipeline };
+        for rec in records() {
+            r.index(&rec).await;
+        }
+        let service =
+            Service::new(s, r.pipeline.clone(), r.indexer.embedder().clone(), r.indexer.store().clone()).unwrap();
+        let clock = std::time::Instant::now();
+        service.prepare().await.unwrap();
+        eprintln!("label index ready in {:.1} s", clock.elapsed().as_secs_f64());
+        let readiness = Readiness::default();
+        readiness.set(true);
+        let (addr, _) =
+            routes::serve(&s.serve.addr, Arc::new(service), readiness, std::future::pending()).await.unwrap();
+        Running { port: addr.port(), ..r }
+    }
+
+    async fn index(&self, record: &[u8]) {
+        let doc = Arc::new(self.pipeline.process(record).unwrap());
+        self.indexer.index(&doc).await.unwrap();
+    }
+
+    async fn post(&self, path: &str, key: Option<&str>, body: &str) -> (u16, Value) {
+        let (port, path, key, body) = (self.port, path.to_string(), key.map(str::to_string), body.to_string());
+        tokio::task::spawn_blocking(move || request(port, "POST", &path, key.as_deref(), "application/json", &body))
+            .await
+            .unwrap()
+    }
+
+    async fn context(&self, body: Value) -> Value {
+        let (status, v) = self.post("/v1/context", Some(KEY), &body.to_string()).await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+}
+
+/// One HTTP/1.1 request on loopback: (status, JSON body or the text as a string value); status 0 when nothing
+/// listens.
+fn request(port: u16, method: &str, path: &str, key: Option<&str>, content_type: &str, body: &str) -> (u16, Value) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, Value::Null) };
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(body.as_bytes()); // a server refusing early may close before reading it all
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).to_string();
+    let status: u16 = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, serde_json::from_str(&body).unwrap_or(Value::String(body)))
+}
+
+fn doc_ids(v: &Value) -> Vec<String> {
+    v["windows"].as_array().unwrap().iter().map(|w| w["doc_id"].as_str().unwrap().to_string()).collect()
+}
+
+async fn serves_context_and_search(s: Settings) {
+    let api = Running::start(&s).await;
+    let effusion =
+        json!({"patient": "Patient/p1", "question": "Is there fluid in the pleural space?", "budget_tokens": 512});
+
+    // Auth: no key, a wrong key → 401 (before the body is looked at); a listed key → 200.
+    let (status, v) = api.post("/v1/context", None, &effusion.to_string()).await;
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "unauthorized");
+    assert_eq!(api.post("/v1/context", Some("nope"), &effusion.to_string()).await.0, 401);
+    assert_eq!(api.post("/v1/search", None, "{}").await.0, 401);
+
+    // CLEAR context: the aligned entity, windows from p1's notes only, in date order, inside the budget.
+    let v = api.context(effusion.clone()).await;
+    assert_eq!(v["strategy"], "clear", "{v}");
+    assert_eq!(v["patient"], "Patient/p1");
+    assert!(
+        v["entities"].as_array().unwrap().iter().any(|e| e["label"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("effusion")),
+        "{v}"
+    );
+    let ids = doc_ids(&v);
+    assert!(ids.contains(&"p1-a".to_string()) && ids.contains(&"p1-b".to_string()), "{ids:?}");
+    let dates: Vec<&str> = v["windows"].as_array().unwrap().iter().map(|w| w["date"].as_str().unwrap()).collect();
+    assert!(dates.windows(2).all(|d| d[0] <= d[1]), "date order: {dates:?}");
+    assert!(v["tokens"].as_u64().unwrap() <= 512 && v["tokens"].as_u64().unwrap() > 0);
+    assert_eq!(v["answer"]["status"], "present", "{v}");
+    assert!(!v["answer"]["supporting"].as_array().unwrap().is_empty());
+    for w in v["windows"].as_array().unwrap() {
+        assert!(w["text"].as_str().unwrap().to_lowercase().contains("effusion"), "{w}");
+        assert!(w["end"].as_u64() > w["start"].as_u64());
+        assert!(!w["concepts"].as_array().unwrap().is_empty() && !w["assertions"].as_array().unwrap().is_empty());
+    }
+    // The note is about 350 words; the ±150-word window around the mention is not the whole note.
+    let long = v["windows"].as_array().unwrap().iter().find(|w| w["doc_id"] == "p1-b").unwrap();
+    assert!(long["text"].as_str().unwrap().split_whitespace().count() < 250, "{long}");
+    let fact = v["facts"].as_array().unwrap().iter().find(|f| f["documents"] == 2).expect("a fact over both notes");
+    assert_eq!(fact["last_date"], "2024-03-05");
+    // A bare id is the same patient.
+    let bare = api
+        .context(json!({"patient": "p1", "question": "Is there fluid in the pleural space?", "budget_tokens": 512}))
+        .await;
+    assert_eq!(doc_ids(&bare), ids);
+
+    // Isolation: p2's answer comes from p2's note only (negated effusion there), never p1's windows.
+    let v = api.context(json!({"patient": "Patient/p2", "question": "Is there fluid in the pleural space?"})).await;
+    assert!(doc_ids(&v).iter().all(|d| d.starts_with("p2-")), "{v}");
+    assert_eq!(v["answer"]["status"], "absent", "{v}");
+    // A patient without notes: nothing aligns in their record → the hybrid fallback, with no one else's chunks.
+    let v = api.context(json!({"patient": "Patient/nobody", "question": "Is there a pleural effusion?"})).await;
+    assert_eq!(v["strategy"], "hybrid_fallback", "{v}");
+    assert_eq!(v["answer"]["status"], "not_mentioned");
+    assert!(
+        v["windows"].as_array().unwrap().is_empty() && v.get("chunks").is_none_or(|c| c.as_array().unwrap().is_empty()),
+        "{v}"
+    );
+    // A question about nothing in the lexicon falls back to p1's chunks, and says so.
+    let v = api.context(json!({"patient": "Patient/p1", "question": "What did the team review today?"})).await;
+    assert_eq!(v["strategy"], "hybrid_fallback", "{v}");
+    let chunks = v["chunks"].as_array().unwrap();
+    assert!(!chunks.is_empty() && chunks.iter().all(|c| c["payload"]["patient"] == "Patient/p1"), "{v}");
+
+    // Filters: dates, document types, sections.
+    let q = |extra: Value| {
+        let mut b = effusion.clone();
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    assert_eq!(doc_ids(&api.context(q(json!({"since": "2024-02-01"}))).await), ["p1-b"]);
+    assert_eq!(doc_ids(&api.context(q(json!({"until": "2024-01-31"}))).await), ["p1-a"]);
+    assert_eq!(doc_ids(&api.context(q(json!({"document_types": ["Radiology report"]}))).await), ["p1-a"]);
+    let v = api.context(q(json!({"sections": ["assessment_and_plan"]}))).await;
+    assert_eq!(doc_ids(&v), ["p1-b"]);
+    assert!(v["windows"].as_array().unwrap().iter().all(|w| w["section"] == "assessment_and_plan"));
+
+    // Bad requests: clear 4xx messages that name the field, never echo values.
+    for (body, field) in [
+        (json!({"patient": "p1", "question": "SECRET?", "budget_tokens": 999999}), "budget_tokens"),
+        (json!({"patient": "p1", "question": "SECRET?", "budget_tokens": 0}), "budget_tokens"),
+        (json!({"patient": "p1", "question": "   "}), "question"),
+        (json!({"patient": "", "question": "SECRET?"}), "patient"),
+        (json!({"patient": "p1", "question": "SECRET?", "since": "yesterday"}), "since"),
+        (json!({"patient": "p1", "question": "SECRET?", "sincе": "2024-01-01"}), "unknown field"),
+        (json!({"patient": "p1"}), "question"),
+        (json!({"patient": 7, "question": "SECRET?"}), "patient"),
+    ] {
+        let (status, v) = api.post("/v1/context", Some(KEY), &body.to_string()).await;
+        assert_eq!(status, 400, "{body} → {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field) && !message.contains("SECRET"), "{body} → {message}");
+    }
+    let (status, _) = api.post("/v1/context", Some(KEY), "{\"patient\": ").await;
+    assert_eq!(status, 400);
+    let port = api.port;
+    let huge = format!("{{\"patient\": \"p1\", \"question\": \"{}\"}}", "x".repeat(10_000));
+    let (status, v) =
+        tokio::task::spawn_blocking(move || request(port, "POST", "/v1/context", Some(KEY), "application/json", &huge))
+            .await
+            .unwrap();
+    assert_eq!(status, 413, "{v}");
+    let (status, _) =
+        tokio::task::spawn_blocking(move || request(port, "POST", "/v1/context", Some(KEY), "text/plain", "{}"))
+            .await
+            .unwrap();
+    assert_eq!(status, 415);
+    let (status, _) =
+        tokio::task::spawn_blocking(move || request(port, "GET", "/v1/context", Some(KEY), "application/json", ""))
+            .await
+            .unwrap();
+    assert_eq!(status, 405);
+    let (status, v) =
+        tokio::task::spawn_blocking(move || request(port, "POST", "/v2/nothing", Some(KEY), "application/json", "{}"))
+            .await
+            .unwrap();
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = api.post("/v1/search", Some(KEY), &json!({"query": "effusion", "top": 1000}).to_string()).await;
+    assert_eq!(status, 400, "{v}");
+
+    // Search: hybrid over chunks with filters, and neighbours through the stored ids.
+    let (status, v) = api
+        .post(
+            "/v1/search",
+            Some(KEY),
+            &json!({"query": "pleural effusion thoracentesis", "patient": "p1", "top": 5}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let hits = v["hits"].as_array().unwrap();
+    assert!(!hits.is_empty() && hits.iter().all(|h| h["payload"]["patient"] == "Patient/p1"), "{v}");
+    assert!(hits.iter().all(|h| h["payload"]["record"] == "chunk"), "windows never come back as chunks");
+    let (_, v) = api
+        .post(
+            "/v1/search",
+            Some(KEY),
+            &json!({"query": "pleural effusion", "document_types": ["Radiology report"], "top": 10}).to_string(),
+        )
+        .await;
+    let hits = v["hits"].as_array().unwrap();
+    assert!(
+        hits.iter().any(|h| h["payload"]["doc_id"] == "p2-a")
+            && hits.iter().all(|h| h["payload"]["doc_type"] == "Radiology report"),
+        "{v}"
+    );
+    let (_, v) = api
+        .post(
+            "/v1/search",
+            Some(KEY),
+            &json!({"query": "lung", "since": "2024-02-01", "until": "2024-02-28", "top": 10}).to_string(),
+        )
+        .await;
+    assert!(v["hits"].as_array().unwrap().iter().all(|h| h["payload"]["doc_id"] == "p2-a"), "{v}");
+    let pneumothorax = api
+        .pipeline
+        .lexicon()
+        .concepts()
+        .iter()
+        .find(|c| c.preferred.eq_ignore_ascii_case("pneumothorax"))
+        .map(|c| c.id.clone())
+        .unwrap();
+    let (_, v) = api
+        .post("/v1/search", Some(KEY), &json!({"query": "findings", "concepts": [pneumothorax], "top": 10}).to_string())
+        .await;
+    let hits = v["hits"].as_array().unwrap();
+    assert!(
+        !hits.is_empty()
+            && hits.iter().all(|h| h["payload"]["concepts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c.as_str() == Some(pneumothorax.as_str()))),
+        "{v}"
+    );
+    let (_, v) = api
+        .post(
+            "/v1/search",
+            Some(KEY),
+            &json!({"query": "vital signs were reviewed", "patient": "p1", "top": 3, "neighbours": true}).to_string(),
+        )
+        .await;
+    let with_neighbour = v["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| !h["payload"]["prev_chunk_id"].is_null())
+        .expect("a hit past the first chunk");
+    assert_eq!(with_neighbour["previous"]["id"], with_neighbour["payload"]["prev_chunk_id"], "{with_neighbour}");
+    assert_eq!(with_neighbour["previous"]["payload"]["doc_id"], with_neighbour["payload"]["doc_id"]);
+
+    // A new version replaces the old one in answers; entered-in-error removes it.
+    api.index(&note(
+        "p1-a",
+        "2",
+        "current",
+        "Patient/p1",
+        "2024-01-10",
+        "Radiology report",
+        "IMPRESSION: No pleural effusion. Lungs are clear.",
+    ))
+    .await;
+    let v = api.context(q(json!({"document_types": ["Radiology report"]}))).await;
+    let w = &v["windows"].as_array().unwrap()[0];
+    assert_eq!((w["doc_id"].as_str(), w["doc_version"].as_str()), (Some("p1-a"), Some("2")), "{v}");
+    assert_eq!(v["windows"].as_array().unwrap().len(), 1, "version 1's windows are gone: {v}");
+    assert_eq!(v["answer"]["status"], "absent");
+    api.index(&note("p1-a", "3", "entered-in-error", "Patient/p1", "2024-01-10", "Radiology report", "x")).await;
+    let v = api.context(q(json!({"document_types": ["Radiology report"]}))).await;
+    assert!(doc_ids(&v).is_empty(), "{v}");
+
+    // Metrics by route and status; no request content in them.
+    let (_, metrics) = common::http_get(api.port, "/metrics").unwrap();
+    assert!(
+        common::metric_value(&metrics, "clinstream_api_requests_total{route=\"context\",status=\"200\"}").unwrap()
+            >= 10.0
+    );
+    assert!(
+        common::metric_value(&metrics, "clinstream_api_requests_total{route=\"context\",status=\"400\"}").unwrap()
+            >= 8.0
+    );
+    assert!(
+        common::metric_value(&metrics, "clinstream_api_requests_total{route=\"other\",status=\"401\"}").unwrap() >= 3.0
+    );
+    assert!(metrics.contains("clinstream_api_request_duration_seconds_bucket{route=\"search\""));
+    assert!(!metrics.contains("SECRET") && !metrics.contains("pleural"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_serves_context_and_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    serves_context_and_search(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_serves_context_and_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    serves_context_and_search(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_going_down_answers_503_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut server) = common::qdrant::QdrantServer::start() else { return };
+    if !server.is_local() {
+        eprintln!("SKIPPED: this test kills its own Qdrant server; QDRANT_URL points elsewhere");
+        return;
+    }
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    let api = Running::start(&s).await;
+    let body = json!({"patient": "p1", "question": "Is there a pleural effusion?"}).to_string();
+    assert_eq!(api.post("/v1/context", Some(KEY), &body).await.0, 200);
+    server.kill();
+    let (status, v) = api.post("/v1/context", Some(KEY), &body).await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "store_unavailable");
+    let (status, _) = api.post("/v1/search", Some(KEY), &json!({"query": "effusion"}).to_string()).await;
+    assert_eq!(status, 503);
+    assert_eq!(common::http_get(api.port, "/readyz").unwrap().0, 503, "not ready while the store is down");
+    assert_eq!(common::http_get(api.port, "/healthz").unwrap().0, 200, "but alive");
+    server.restart();
+    common::wait_until(Duration::from_secs(60), "the service answers again", || {
+        request(api.port, "POST", "/v1/context", Some(KEY), "application/json", &body).0 == 200
+    });
+    assert_eq!(common::http_get(api.port, "/readyz").unwrap().0, 200);
+}
+
+/// `clinstream run` (file mode) writes an embedded store; then `clinstream serve` reads it, `clinstream context`
+/// answers what the API answers; and a worker with `serve.enabled` answers while it consumes stdin.
+#[test]
+fn run_then_serve_and_a_worker_serving_while_it_consumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_) = settings(dir.path()) else { return };
+    let input = dir.path().join("notes.ndjson");
+    let lines: Vec<String> = records().iter().map(|r| String::from_utf8(r.clone()).unwrap()).collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let env = |c: &mut std::process::Command, port: u16| {
+        c.env("CLINSTREAM__EMBED__MODEL_DIR", root().join("models/all-MiniLM-L6-v2"))
+            .env("CLINSTREAM__EMBED__ORT_LIBRARY", root().join("models/onnxruntime/libonnxruntime.so.1.31.1"))
+            .env("CLINSTREAM__STORE__PATH", dir.path().join("qdrant"))
+            .env("CLINSTREAM__SERVE__CACHE_DIR", label_cache())
+            .env("CLINSTREAM__SERVE__API_KEYS", KEY)
+            .env("CLINSTREAM__SERVE__ADDR", format!("127.0.0.1:{port}"))
+            .env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0")
+            .current_dir(dir.path());
+    };
+    let mut run = common::clinstream();
+    env(&mut run, 0);
+    let out = run
+        .args(["run", "--no-progress", "--input"])
+        .arg(&input)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // serve on the store the run left.
+    let port = common::free_port();
+    let mut serve = common::clinstream();
+    env(&mut serve, port);
+    let mut child =
+        serve.arg("serve").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    common::wait_until(Duration::from_secs(300), "serve is ready", || {
+        common::http_get(port, "/readyz").is_some_and(|(s, _)| s == 200)
+    });
+    let body = json!({"patient": "Patient/p1", "question": "Is there a pleural effusion?", "budget_tokens": 300});
+    let (status, api) = request(port, "POST", "/v1/context", Some(KEY), "application/json", &body.to_string());
+    assert_eq!(status, 200, "{api}");
+    assert_eq!(api["strategy"], "clear");
+    std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "serve exits cleanly on SIGTERM: {status:?}");
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(
+        !stderr.contains("pleural") && !stderr.contains("Is there"),
+        "no question or note text in the log: {stderr}"
+    );
+
+    // The CLI twin computes the same answer.
+    let mut twin = common::clinstream();
+    env(&mut twin, 0);
+    let out = twin
+        .args([
+            "context",
+            "--patient",
+            "Patient/p1",
+            "--question",
+            "Is there a pleural effusion?",
+            "--budget",
+            "300",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cli, api, "the CLI twin and the API answer alike");
+
+    // One process: a worker consuming stdin serves the API on its own store handle.
+    let port = common::free_port();
+    let mut worker = common::clinstream();
+    env(&mut worker, port);
+    worker.env("CLINSTREAM__SERVE__ENABLED", "true").env("CLINSTREAM__STORE__PATH", dir.path().join("qdrant2"));
+    let mut child = worker
+        .args(["run", "--no-progress", "--input", "-", "--out"])
+        .arg(dir.path().join("out2"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(lines[0].as_bytes()).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    common::wait_until(Duration::from_secs(300), "the worker's API answers from what it indexed", || {
+        let (status, v) = request(port, "POST", "/v1/context", Some(KEY), "application/json", &body.to_string());
+        status == 200 && v["strategy"] == "clear"
+    });
+    stdin.write_all(lines[1].as_bytes()).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    common::wait_until(Duration::from_secs(60), "the second note shows up while the worker still runs", || {
+        let (_, v) = request(port, "POST", "/v1/context", Some(KEY), "application/json", &body.to_string());
+        v["windows"].as_array().is_some_and(|w| w.iter().any(|w| w["doc_id"] == "p1-b"))
+    });
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}
