@@ -14,6 +14,28 @@ fn errors_doc_holds_the_generated_table() {
 }
 
 #[test]
+fn openapi_doc_is_the_generated_one() {
+    let generated = serde_json::to_string_pretty(&clinstream::serve::api::openapi()).unwrap() + "\n";
+    assert!(
+        doc("openapi.json") == generated,
+        "docs/openapi.json is out of date: `clinstream openapi > docs/openapi.json`"
+    );
+    let v: serde_json::Value = serde_json::from_str(&generated).unwrap();
+    // Every body the routes take or give is described, with its fields.
+    for (schema, field) in [
+        ("ContextRequest", "budget_tokens"),
+        ("ContextResponse", "windows"),
+        ("Window", "doc_version"),
+        ("SearchRequest", "neighbours"),
+        ("Hit", "payload"),
+        ("ErrorBody", "error"),
+    ] {
+        assert!(v["components"]["schemas"][schema]["properties"][field].is_object(), "{schema}.{field}");
+    }
+    assert_eq!(v["components"]["schemas"]["ContextRequest"]["required"], serde_json::json!(["patient", "question"]));
+}
+
+#[test]
 fn sections_doc_lists_every_canonical_section_with_its_default_weight() {
     let settings = clinstream::config::Settings::load_from(None, Some(Default::default())).unwrap();
     let text = doc("sections.md");

@@ -339,6 +339,53 @@ fn the_helm_chart_renders_and_lints() {
     }
     assert!(!printed.contains("secret-value"), "passwords and keys are redacted when printed:\n{printed}");
 
+    // The query service: its own Deployment and Service, pods the workers' selector never picks, the API keys
+    // from a Secret, and settings the service accepts.
+    let query = helm(serde_json::json!({
+        "config": {"store.kind": "qdrant", "store.url": "http://qdrant:6334", "store.alias": "notes"},
+        "queryService": {"enabled": true, "config": {"serve.max_budget_tokens": "4096"}},
+        "secrets": {"qdrantApiKey": {"enabled": true}}
+    }))
+    .unwrap();
+    assert!(query.get("error").is_none(), "{query}");
+    assert_eq!(query["lint"]["errors"].as_array().map(Vec::len), Some(0), "lint: {}", query["lint"]);
+    let m = &query["manifests"];
+    let q = m["clinstream/templates/query-deployment.yaml"].as_str().unwrap();
+    for expected in [
+        "kind: Deployment",
+        "args: [\"serve\"]",
+        "app.kubernetes.io/name: clinstream-query",
+        "containerPort: 8080",
+        "path: /readyz",
+        "CLINSTREAM__SERVE__API_KEYS",
+        "secretKeyRef: {name: clinstream-api-keys, key: api-keys}",
+        "CLINSTREAM__SERVE__MAX_BUDGET_TOKENS",
+        "CLINSTREAM__STORE__API_KEY",
+    ] {
+        assert!(q.contains(expected), "query deployment lacks {expected}:\n{q}");
+    }
+    let svc = m["clinstream/templates/query-service.yaml"].as_str().unwrap();
+    assert!(svc.contains("kind: Service") && svc.contains("port: 8080") && svc.contains("clinstream-query"), "{svc}");
+    let worker = m["clinstream/templates/deployment.yaml"].as_str().unwrap();
+    let worker_selector = worker.split("selector:").nth(1).unwrap().split("template:").next().unwrap();
+    assert!(!worker_selector.contains("query"), "the workers' selector must not match query pods: {worker_selector}");
+    let mut env: Vec<(String, String)> = Vec::new();
+    let lines: Vec<&str> = q.lines().map(str::trim).collect();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(name) = line.strip_prefix("- name: CLINSTREAM__") {
+            let value =
+                lines[i + 1].strip_prefix("value: ").map_or("k1,k2".to_string(), |v| v.trim_matches('"').to_string());
+            env.push((format!("CLINSTREAM__{name}"), value));
+        }
+    }
+    let out = clinstream().args(["config", "print"]).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    assert!(out.status.success(), "the service's settings are refused: {}", String::from_utf8_lossy(&out.stderr));
+    let embedded = helm(serde_json::json!({"queryService": {"enabled": true}})).unwrap();
+    assert!(
+        embedded["error"].as_str().is_some_and(|e| e.contains("store.kind")),
+        "a query Deployment over a pod-local embedded store is refused: {embedded}"
+    );
+
     let bad = helm(serde_json::json!({"image": {"repository": "x", "pullPolicy": "Sometimes"}})).unwrap();
     assert!(bad.get("error").is_some(), "values.schema.json rejects a bad pullPolicy: {bad}");
 }

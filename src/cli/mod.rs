@@ -149,6 +149,8 @@ enum Command {
         #[command(subcommand)]
         command: KgCommand,
     },
+    /// Print the query service's OpenAPI document (docs/openapi.json), generated from the code.
+    Openapi,
     /// List the error codes with their dispositions.
     Errors {
         /// Print as a Markdown table (docs/errors.md).
@@ -596,6 +598,10 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Errors { markdown } => {
             print!("{}", docs::errors_table(markdown));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Openapi => {
+            println!("{}", serde_json::to_string_pretty(&crate::serve::api::openapi())?);
             Ok(ExitCode::SUCCESS)
         }
     }

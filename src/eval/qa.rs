@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::EvalError;
 use crate::embed::Embedder;
 use crate::model::{Document, Label};
-use crate::query::align::{self, AlignParams, LabelIndex};
+use crate::query::align::{self, AlignParams};
 use crate::query::context::{self, ContextParams, PatientNote, Rules};
 use crate::stages::Pipeline;
 use crate::stages::clear::word_spans;
@@ -119,24 +119,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let embed_err = |e: crate::embed::EmbedError| fmt(documents, format!("embedding: {e}"));
     let lexicon = pipeline.lexicon();
     let variables = pipeline.variables();
-    let labels = LabelIndex::labels(lexicon, variables);
-    let key = LabelIndex::cache_key(&embedder.info().name, &labels);
-    let cache = label_cache.join(format!("labels-{key}.bin"));
-    let index = match LabelIndex::load(&cache, &key, labels.clone()) {
-        Some(index) => index,
-        None => {
-            let texts: Vec<&str> = labels.iter().map(|(_, t)| t.as_str()).collect();
-            let mut vectors = Vec::with_capacity(texts.len());
-            for batch in texts.chunks(512) {
-                vectors.extend(embedder.embed(batch).await.map_err(embed_err)?);
-            }
-            let index = LabelIndex::new(labels, vectors);
-            if let Err(e) = index.save(&cache, &key) {
-                tracing::warn!(error = %e, "Could not cache the label embeddings.");
-            }
-            index
-        }
-    };
+    let index = crate::serve::label_index(pipeline, embedder, label_cache).await.map_err(embed_err)?;
     let count = |t: &str| embedder.count_tokens(t);
     let params = ContextParams { budget_tokens, window_words };
 

@@ -1,5 +1,5 @@
 //! The query service's request and response bodies, and the OpenAPI document generated from them
-//! (`openapi()`, written to docs/openapi.json by `clinstream docs --openapi`; a test keeps the file current).
+//! (`openapi()`, written to docs/openapi.json by `clinstream openapi`; a test keeps the file current).
 //!
 //! Requests refuse unknown fields (a misspelt filter is an error, not silently ignored).
 
@@ -324,7 +324,7 @@ pub fn openapi() -> Value {
         "info": {
             "title": "clinstream query service",
             "version": crate::WORKER_VERSION,
-            "description": "CLEAR context and hybrid search over the notes clinstream workers stored. Generated from the code by `clinstream docs --openapi`."
+            "description": "CLEAR context and hybrid search over the notes clinstream workers stored. Generated from the code by `clinstream openapi`."
         },
         "paths": {
             "/v1/context": post("The evidence for a clinical question about one patient, inside a token budget, and the answer it supports", "ContextRequest", "ContextResponse"),

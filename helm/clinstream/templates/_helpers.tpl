@@ -14,3 +14,9 @@ app.kubernetes.io/name: {{ include "clinstream.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- define "clinstream.envName" -}}{{ printf "CLINSTREAM__%s" (. | upper | replace "." "__") }}{{- end -}}
+{{- /* The query service's pods: a name of their own, so the workers' selector (and Service, PDB) never picks them. */ -}}
+{{- define "clinstream.querySelector" -}}
+app.kubernetes.io/name: {{ include "clinstream.name" . }}-query
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: query
+{{- end -}}
