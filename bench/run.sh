@@ -6,7 +6,9 @@
 #   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips);
 #   5. int8 scalar quantization against exact search on a Qdrant server (SHARED/tools/qdrant/qdrant-server, or
 #      QDRANT_URL for another server): recall@10 and latency of HNSW, int8 without and with rescoring
-#      (QUANT_NOTES stored notes, default 300; 0 skips).
+#      (QUANT_NOTES stored notes, default 300; 0 skips);
+#   6. the query service over HTTP: /v1/context and /v1/search p50/p99 and requests/s at 1 and 8 clients, embedded
+#      store and the Qdrant server, over SHARED/eval/qa (1,488 notes, 600 questions; SERVE_REQUESTS, 0 skips).
 # Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes for 1; default all 4,966 non-empty notes)
 # Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI), and for
 # 3 the broker from `make tools`.
@@ -46,22 +48,28 @@ if [ "${RSS_SECONDS:-300}" != 0 ]; then
     "$WORK/rss-none.json" "$WORK/rss-seos.json" > "$WORK/rss.json"
 fi
 
+url=${QDRANT_URL:-}
+if [ -z "$url" ] && { [ "${QUANT_NOTES:-300}" != 0 ] || [ "${SERVE_REQUESTS:-600}" != 0 ]; }; then
+  qdir=$(mktemp -d); http=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$http QDRANT__SERVICE__GRPC_PORT=$grpc \
+    QDRANT__STORAGE__STORAGE_PATH=$qdir/storage QDRANT__STORAGE__SNAPSHOTS_PATH=$qdir/snapshots \
+    QDRANT__TELEMETRY_DISABLED=true QDRANT__LOG_LEVEL=WARN "$SHARED/tools/qdrant/qdrant-server" > "$qdir/log" 2>&1 &
+  qpid=$!
+  trap 'kill $qpid 2>/dev/null; rm -rf "$qdir"' EXIT
+  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  url=http://127.0.0.1:$grpc
+fi
 echo '{}' > "$WORK/quantization.json"
 if [ "${QUANT_NOTES:-300}" != 0 ]; then
   echo "int8 quantization against exact search on a Qdrant server (${QUANT_NOTES:-300} notes stored)..." >&2
-  url=${QDRANT_URL:-}
-  if [ -z "$url" ]; then
-    qdir=$(mktemp -d); http=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$http QDRANT__SERVICE__GRPC_PORT=$grpc \
-      QDRANT__STORAGE__STORAGE_PATH=$qdir/storage QDRANT__STORAGE__SNAPSHOTS_PATH=$qdir/snapshots \
-      QDRANT__TELEMETRY_DISABLED=true QDRANT__LOG_LEVEL=WARN "$SHARED/tools/qdrant/qdrant-server" > "$qdir/log" 2>&1 &
-    qpid=$!
-    trap 'kill $qpid 2>/dev/null; rm -rf "$qdir"' EXIT
-    for _ in $(seq 600); do curl -sf "http://127.0.0.1:$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-    url=http://127.0.0.1:$grpc
-  fi
   "$BIN" bench quantization --csv "$WORK/mtsamples.csv" --url "$url" --notes "${QUANT_NOTES:-300}" > "$WORK/quantization.json"
+fi
+echo '{}' > "$WORK/serve.json"
+if [ "${SERVE_REQUESTS:-600}" != 0 ]; then
+  echo "query service over HTTP (1,488 notes indexed into each store; ${SERVE_REQUESTS:-600} questions per run)..." >&2
+  CLINSTREAM__SERVE__CACHE_DIR=$WORK/label-cache "$BIN" bench serve --documents "$SHARED/eval/qa/documents.ndjson" \
+    --questions "$SHARED/eval/qa/questions.jsonl" --url "$url" --requests "${SERVE_REQUESTS:-600}" > "$WORK/serve.json"
 fi
 
 python3 - "$WORK" <<'PY'
@@ -73,6 +81,7 @@ e = json.load(open(f"{work}/embed.json"))
 e2e = json.load(open(f"{work}/e2e.json"))
 rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
+serve = json.load(open(f"{work}/serve.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -86,6 +95,7 @@ result = {
     "kafka_e2e": e2e,
     "rss": rss,
     "quantization": quant,
+    "serve": serve,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -126,5 +136,15 @@ if quant:
         name = s["mode"] + (f" rescore={s['rescore']} oversampling={s['oversampling']}" if s["mode"] == "int8" else "")
         print(f"  {name:<40} recall@{quant['top']} {m['recall']:.4f}   mean {m['mean_ms']:.2f} ms "
               f"(x{m['mean_ms'] / exact['mean_ms']:.2f} of exact)   p95 {m['p95_ms']:.2f} ms")
+if serve:
+    print(f"query service over HTTP ({serve['documents']} notes, {serve['questions']} questions per run; indexing "
+          + ", ".join(f"{s} {t:.0f} s" for s, t in serve["indexing_s"]) + "):")
+    for r in serve["results"]:
+        print(f"  {r['store']:<9}/v1/{r['route']:<8}{r['clients']} client(s): p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  "
+              f"{r['requests_per_s']:.1f} req/s  errors {r['errors']}")
+    for store, clients, ratio in serve["context_vs_search_p99"]:
+        print(f"  {store}, {clients} client(s): p99 /v1/context / p99 /v1/search (the baseline) = {ratio:.2f}")
+    for store, route, ratio in serve["scaling_8_vs_1"]:
+        print(f"  {store} /v1/{route}: requests/s at 8 clients / at 1 = {ratio:.2f}")
 print(f"wrote {path}")
 PY

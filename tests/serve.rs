@@ -428,6 +428,40 @@ async fn serves_context_and_search(s: Settings) {
     assert!(!metrics.contains("SECRET") && !metrics.contains("pleural"));
 }
 
+/// data/variables/expansion.tsv is what `clinstream vocab expand --min 0.7 --max 50` gives with the shipped model,
+/// lexicon and variables (regenerate it when one of them changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_expansion_table_is_current() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.clear.expansion_min_score = 0.0;
+    let pipeline = Pipeline::new(&s).unwrap();
+    let embedder = clinstream::embed::Embedder::start_async(&s.embed).await.unwrap();
+    let index = clinstream::serve::label_index(&pipeline, &embedder, &label_cache()).await.unwrap();
+    let got = index.expansions(pipeline.lexicon(), pipeline.variables(), 0.7, 50);
+    let shipped: Vec<(String, String, f32)> = clinstream::stages::clear::EXPANSION_TSV
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let c: Vec<&str> = l.split('\t').collect();
+            (c[0].to_string(), c[1].to_string(), c[2].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(got.len(), shipped.len(), "regenerate: clinstream vocab expand --min 0.7 --max 50");
+    for ((v, c, score), (sv, sc, ss)) in got.iter().zip(&shipped) {
+        assert_eq!(pipeline.variables()[*v].name(), sv);
+        assert_eq!(&pipeline.lexicon().concept(*c).id, sc);
+        assert!((score - ss).abs() < 2e-3, "{sv} {sc}: {score} vs {ss}");
+    }
+    // The default threshold adds only another vocabulary's copy of a variable's own concept.
+    let mut d = s.clone();
+    d.clear.expansion_min_score =
+        Settings::load_from(None, Some(Default::default())).unwrap().clear.expansion_min_score;
+    let expanded = Pipeline::new(&d).unwrap();
+    let ptx = |p: &Pipeline| p.variables().iter().find(|v| v.name() == "pneumothorax").unwrap().targets().len();
+    assert_eq!(ptx(&expanded), ptx(&pipeline) + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_serves_context_and_search() {
     let dir = tempfile::tempdir().unwrap();

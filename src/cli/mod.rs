@@ -7,6 +7,7 @@ pub mod bench;
 pub mod docs;
 pub mod produce;
 pub mod search;
+pub mod serve_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -149,6 +150,11 @@ enum Command {
         #[command(subcommand)]
         command: KgCommand,
     },
+    /// Vocabulary tools.
+    Vocab {
+        #[command(subcommand)]
+        command: VocabCommand,
+    },
     /// Print the query service's OpenAPI document (docs/openapi.json), generated from the code.
     Openapi,
     /// List the error codes with their dispositions.
@@ -269,6 +275,24 @@ enum BenchCommand {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Query-service latency over HTTP: indexes `--documents` into the embedded store (and a new collection on
+    /// `--url`, a Qdrant server), then sends the questions as /v1/context and /v1/search from 1 and 8 clients;
+    /// prints p50/p99 and requests/s per store, route and clients, with the ratios (JSON).
+    Serve {
+        #[arg(long)]
+        documents: PathBuf,
+        #[arg(long)]
+        questions: PathBuf,
+        #[arg(long, env = "QDRANT_URL")]
+        url: Option<String>,
+        /// Questions sent per run.
+        #[arg(long, default_value_t = 600)]
+        requests: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        clients: Vec<usize>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Recall of int8 scalar quantization against exact search on a Qdrant server: stores the sentence groups of
     /// `--notes` notes in a new int8 collection, then compares the top `--top` of held-out queries under exact
     /// search, HNSW, and HNSW on int8 vectors with and without rescoring; prints JSON.
@@ -286,6 +310,20 @@ enum BenchCommand {
         queries: usize,
         #[arg(long, default_value_t = 10)]
         top: usize,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum VocabCommand {
+    /// The variables' embedding expansion: for each CLEAR variable, the lexicon concepts of its kind nearest to its
+    /// labels by the configured model (cosine ≥ --min, at most --max each), as TSV (data/variables/expansion.tsv).
+    Expand {
+        #[arg(long, default_value_t = 0.7)]
+        min: f32,
+        #[arg(long, default_value_t = 50)]
+        max: usize,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -542,6 +580,14 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench { command: BenchCommand::Serve { documents, questions, url, requests, clients, config } } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            settings.log.level = "warn".into();
+            crate::telemetry::init_logging(&settings.log)?;
+            let r = serve_bench::run(&settings, &documents, &questions, url.as_deref(), requests, &clients)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench { command: BenchCommand::Quantization { csv, column, url, notes, queries, top, config } } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             // The stored notes, then enough further notes for the held-out queries.
@@ -598,6 +644,38 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Errors { markdown } => {
             print!("{}", docs::errors_table(markdown));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Vocab { command: VocabCommand::Expand { min, max, config } } => {
+            let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+            settings.log.level = "warn".into();
+            settings.clear.expansion_min_score = 0.0; // expand from the variables as defined
+            crate::telemetry::init_logging(&settings.log)?;
+            let pipeline = crate::stages::Pipeline::new(&settings)?;
+            let rt = runtime(&settings)?;
+            let lines = rt.block_on(async {
+                let embedder = crate::embed::Embedder::start_async(&settings.embed).await?;
+                let index =
+                    crate::serve::label_index(&pipeline, &embedder, std::path::Path::new(&settings.serve.cache_dir))
+                        .await?;
+                let (lexicon, variables) = (pipeline.lexicon(), pipeline.variables());
+                let mut out = format!(
+                    "# clinstream vocab expand --min {min} --max {max}: model {}, lexicon {}\n",
+                    embedder.info().name,
+                    lexicon.version()
+                );
+                for (v, c, score) in index.expansions(lexicon, variables, min, max) {
+                    let concept = lexicon.concept(c);
+                    out.push_str(&format!(
+                        "{}\t{}\t{score:.4}\t{}\n",
+                        variables[v].name(),
+                        concept.id,
+                        concept.preferred
+                    ));
+                }
+                Ok::<_, anyhow::Error>(out)
+            })?;
+            print!("{lines}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Openapi => {

@@ -196,6 +196,48 @@ impl LabelIndex {
         best
     }
 
+    /// The variables' embedding expansion (the ontology augmentation of CLEAR): for each variable, the lexicon
+    /// concepts of its entity kind whose preferred term is nearest to any of the variable's labels (name, synonyms,
+    /// its concepts' terms), with that cosine, best first — those ≥ `min`, at most `max` per variable, none already a
+    /// target. `clinstream vocab expand` writes them to data/variables/expansion.tsv; `clear.expansion_min_score`
+    /// decides which the text stages use.
+    pub fn expansions(
+        &self,
+        lexicon: &Lexicon,
+        variables: &[Variable],
+        min: f32,
+        max: usize,
+    ) -> Vec<(usize, u32, f32)> {
+        if self.dim == 0 {
+            return Vec::new();
+        }
+        let rows: Vec<&[f32]> = self.vectors.chunks_exact(self.dim).collect();
+        let mut out = Vec::new();
+        for (vi, v) in variables.iter().enumerate() {
+            let kind = crate::lexicon::EntityKind::parse(&v.def.kind);
+            let own: Vec<usize> =
+                (0..self.targets.len()).filter(|&i| self.targets[i] == Target::Variable(vi)).collect();
+            let mut found: Vec<(u32, f32)> = Vec::new();
+            for (j, row) in rows.iter().enumerate() {
+                let Target::Concept(c) = self.targets[j] else { continue };
+                if v.targets().contains(&c) || Some(lexicon.concept(c).kind) != kind {
+                    continue;
+                }
+                let best = own
+                    .iter()
+                    .map(|&i| rows[i].iter().zip(row.iter()).map(|(a, b)| a * b).sum::<f32>())
+                    .fold(f32::MIN, f32::max);
+                if best >= min {
+                    found.push((c, best));
+                }
+            }
+            found.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            found.dedup_by_key(|f| f.0);
+            out.extend(found.into_iter().take(max).map(|(c, s)| (vi, c, s)));
+        }
+        out
+    }
+
     /// The label text that gave a target its best score (for explanations).
     pub fn text(&self, i: usize) -> &str {
         &self.texts[i]

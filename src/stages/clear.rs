@@ -134,6 +134,33 @@ pub fn compile(
     Ok((lexicon, vars))
 }
 
+/// The variables' embedding expansion as shipped (`clinstream vocab expand` writes it; the shipped model, lexicon
+/// and default variables): `variable<TAB>concept id<TAB>cosine<TAB>preferred term` per line.
+pub const EXPANSION_TSV: &str = include_str!("../../data/variables/expansion.tsv");
+
+/// Adds to each variable the expansion concepts with a cosine ≥ `min` (`clear.expansion_min_score`; 0 adds none).
+/// Lines for variables or concepts this build does not have are ignored, so a user's own variables are expanded
+/// only by a table made for them.
+pub fn expand(variables: &mut [Variable], lexicon: &Lexicon, table: &str, min: f32) -> usize {
+    if min <= 0.0 {
+        return 0;
+    }
+    let mut added = 0;
+    for line in table.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut cols = line.split('\t');
+        let (Some(name), Some(id), Some(score)) = (cols.next(), cols.next(), cols.next()) else { continue };
+        let Ok(score) = score.parse::<f32>() else { continue };
+        if score < min {
+            continue;
+        }
+        let (Some(v), Some(c)) = (variables.iter_mut().find(|v| v.def.name == name), lexicon.concept_index(id)) else {
+            continue;
+        };
+        added += usize::from(v.targets.insert(c));
+    }
+    added
+}
+
 /// Word spans of a text (runs of non-whitespace).
 pub fn word_spans(text: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();

@@ -88,8 +88,9 @@ impl Pipeline {
             Some(c) => c,
             None => {
                 let c = &settings.clear;
-                let (lexicon, variables) =
+                let (lexicon, mut variables) =
                     clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())?;
+                clear::expand(&mut variables, &lexicon, clear::EXPANSION_TSV, c.expansion_min_score);
                 let compiled = Arc::new(Compiled { lexicon, variables });
                 cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
                 compiled

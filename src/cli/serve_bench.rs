@@ -1,0 +1,258 @@
+//! `clinstream bench serve`: latency and throughput of the query service over HTTP, as clients see it.
+//!
+//! Indexes the documents (the worker's own `Indexer`: chunks and entity windows) into the embedded store and, when
+//! `--url` is given, into a new collection on a Qdrant server; builds the service on each, serves it on loopback
+//! and sends every question (up to `--requests`) as `POST /v1/context` and as `POST /v1/search` (the question as the
+//! query, the patient filter, top 5), from 1 and from 8 concurrent clients, each client on one keep-alive
+//! connection. Prints p50/p99 latency and requests/s per store, route and client count, and the ratios beside each
+//! other: context against search (the CLEAR path against plain hybrid retrieval, the baseline), and 8 clients
+//! against 1. Question and note text are never printed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+
+use crate::config::Settings;
+use crate::index::Indexer;
+use crate::serve::{Service, routes};
+use crate::stages::Pipeline;
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub store: String,
+    pub route: &'static str,
+    pub clients: usize,
+    pub requests: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub requests_per_s: f64,
+    /// Answers other than 200 (should be 0).
+    pub errors: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ServeBench {
+    pub documents: usize,
+    pub questions: usize,
+    /// Seconds to index the documents, per store.
+    pub indexing_s: Vec<(String, f64)>,
+    pub results: Vec<Latency>,
+    /// p99 of /v1/context ÷ p99 of /v1/search, per store and client count.
+    pub context_vs_search_p99: Vec<(String, usize, f64)>,
+    /// Requests/s at 8 clients ÷ at 1, per store and route.
+    pub scaling_8_vs_1: Vec<(String, &'static str, f64)>,
+}
+
+#[derive(serde::Deserialize)]
+struct Question {
+    patient: String,
+    question: String,
+}
+
+/// Runs the benchmark (its own runtime).
+pub fn run(
+    settings: &Settings,
+    documents: &Path,
+    questions: &Path,
+    url: Option<&str>,
+    requests: usize,
+    clients: &[usize],
+) -> anyhow::Result<ServeBench> {
+    let docs: Vec<String> =
+        std::fs::read_to_string(documents)?.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
+    let questions: Vec<Question> = std::fs::read_to_string(questions)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let questions: Vec<Question> = questions.into_iter().take(requests).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut stores: Vec<(String, Settings)> = Vec::new();
+    let dir = tempfile_dir()?;
+    let mut embedded = settings.clone();
+    embedded.store.kind = "embedded".into();
+    embedded.store.path = dir.join("qdrant").display().to_string();
+    stores.push(("embedded".into(), embedded));
+    if let Some(url) = url {
+        let mut server = settings.clone();
+        server.store.kind = "qdrant".into();
+        server.store.url = url.to_string();
+        server.store.alias.clear();
+        server.store.collection = format!("clinstream-bench-serve-{}", std::process::id());
+        stores.push(("qdrant".into(), server));
+    }
+    let mut out = ServeBench {
+        documents: docs.len(),
+        questions: questions.len(),
+        indexing_s: Vec::new(),
+        results: Vec::new(),
+        context_vs_search_p99: Vec::new(),
+        scaling_8_vs_1: Vec::new(),
+    };
+    let pipeline = Arc::new(Pipeline::new(settings)?);
+    for (name, mut s) in stores {
+        s.serve.auth = false;
+        s.serve.addr = "127.0.0.1:0".into();
+        let r: anyhow::Result<()> = rt.block_on(async {
+            let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await?);
+            let clock = Instant::now();
+            index_all(&pipeline, &indexer, &docs).await?;
+            indexer.store().flush().await?;
+            indexer.store().maintenance_idle().await;
+            out.indexing_s.push((name.clone(), clock.elapsed().as_secs_f64()));
+            eprintln!("{name}: {} documents indexed in {:.0} s", docs.len(), clock.elapsed().as_secs_f64());
+            let service = Service::new(&s, pipeline.clone(), indexer.embedder().clone(), indexer.store().clone())?;
+            service.prepare().await?;
+            let readiness = crate::http::Readiness::default();
+            let (addr, _) = routes::serve(&s.serve.addr, Arc::new(service), readiness, std::future::pending()).await?;
+            let bodies = |route: &str| -> Vec<String> {
+                questions
+                    .iter()
+                    .map(|q| match route {
+                        "context" => {
+                            serde_json::json!({"patient": q.patient, "question": q.question, "budget_tokens": 1024})
+                        }
+                        _ => serde_json::json!({"query": q.question, "patient": q.patient, "top": 5}),
+                    })
+                    .map(|v| v.to_string())
+                    .collect()
+            };
+            for route in ["context", "search"] {
+                let bodies = Arc::new(bodies(route));
+                // Warm-up: the store's pages and the model's first calls.
+                drive(addr, route, Arc::new(bodies.iter().take(20).cloned().collect()), 1).await?;
+                for &c in clients {
+                    let (latencies, errors, wall) = drive(addr, route, bodies.clone(), c).await?;
+                    out.results.push(summarise(&name, route, c, latencies, errors, wall));
+                }
+            }
+            Ok(())
+        });
+        r?;
+    }
+    for r in out.results.iter().filter(|r| r.route == "context") {
+        if let Some(s) =
+            out.results.iter().find(|x| x.route == "search" && x.store == r.store && x.clients == r.clients)
+        {
+            out.context_vs_search_p99.push((r.store.clone(), r.clients, r.p99_ms / s.p99_ms.max(1e-9)));
+        }
+    }
+    for r in out.results.iter().filter(|r| r.clients == 1) {
+        if let Some(s8) = out.results.iter().find(|x| x.route == r.route && x.store == r.store && x.clients == 8) {
+            out.scaling_8_vs_1.push((r.store.clone(), r.route, s8.requests_per_s / r.requests_per_s.max(1e-9)));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("clinstream-bench-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Indexes every document with up to 32 in flight (as the worker would).
+async fn index_all(pipeline: &Arc<Pipeline>, indexer: &Arc<Indexer>, docs: &[String]) -> anyhow::Result<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for line in docs {
+        while tasks.len() >= 32 {
+            tasks.join_next().await.transpose()?.transpose()?;
+        }
+        let (p, ix, line) = (pipeline.clone(), indexer.clone(), line.clone());
+        tasks.spawn(async move {
+            let doc = tokio::task::spawn_blocking(move || p.process(line.as_bytes()))
+                .await?
+                .map_err(|e| anyhow::anyhow!("a document was rejected: {}", e.error.code.as_str()))?;
+            ix.index(&Arc::new(doc)).await.map_err(|e| anyhow::anyhow!("indexing: {}", e.code.as_str()))?;
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+/// Sends every body from `clients` clients (each on one keep-alive connection, taking the next body in turn);
+/// returns each request's latency, the count of non-200 answers and the wall time.
+async fn drive(
+    addr: std::net::SocketAddr,
+    route: &str,
+    bodies: Arc<Vec<String>>,
+    clients: usize,
+) -> anyhow::Result<(Vec<Duration>, usize, Duration)> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let path = format!("/v1/{route}");
+    let clock = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (bodies, next, path) = (bodies.clone(), next.clone(), path.clone());
+        tasks.spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+            tokio::spawn(conn);
+            let mut latencies = Vec::new();
+            let mut errors = 0;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(body) = bodies.get(i) else { break };
+                let request = http::Request::post(&path)
+                    .header(http::header::HOST, "bench")
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.clone())))?;
+                let start = Instant::now();
+                sender.ready().await?;
+                let response = sender.send_request(request).await?;
+                let ok = response.status() == http::StatusCode::OK;
+                response.into_body().collect().await?;
+                latencies.push(start.elapsed());
+                errors += usize::from(!ok);
+            }
+            Ok::<_, anyhow::Error>((latencies, errors))
+        });
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (l, e) = r??;
+        all.extend(l);
+        errors += e;
+    }
+    Ok((all, errors, clock.elapsed()))
+}
+
+fn summarise(
+    store: &str,
+    route: &'static str,
+    clients: usize,
+    mut l: Vec<Duration>,
+    errors: usize,
+    wall: Duration,
+) -> Latency {
+    l.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let at = |q: f64| {
+        l.get(((l.len() as f64 * q).ceil() as usize).saturating_sub(1).min(l.len().saturating_sub(1)))
+            .copied()
+            .map_or(0.0, ms)
+    };
+    Latency {
+        store: store.to_string(),
+        route,
+        clients,
+        requests: l.len(),
+        p50_ms: at(0.50),
+        p99_ms: at(0.99),
+        max_ms: l.last().copied().map_or(0.0, ms),
+        requests_per_s: l.len() as f64 / wall.as_secs_f64().max(1e-9),
+        errors,
+    }
+}
