@@ -290,6 +290,9 @@ enum BenchCommand {
         requests: usize,
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
+        /// Keep the embedded store in this directory, and reuse it when it exists (skips re-indexing there).
+        #[arg(long)]
+        keep: Option<PathBuf>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -580,11 +583,21 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { command: BenchCommand::Serve { documents, questions, url, requests, clients, config } } => {
+        Command::Bench {
+            command: BenchCommand::Serve { documents, questions, url, requests, clients, keep, config },
+        } => {
             let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
             settings.log.level = "warn".into();
             crate::telemetry::init_logging(&settings.log)?;
-            let r = serve_bench::run(&settings, &documents, &questions, url.as_deref(), requests, &clients)?;
+            let r = serve_bench::run(
+                &settings,
+                &documents,
+                &questions,
+                url.as_deref(),
+                requests,
+                &clients,
+                keep.as_deref(),
+            )?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

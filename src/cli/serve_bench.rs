@@ -63,6 +63,7 @@ pub fn run(
     url: Option<&str>,
     requests: usize,
     clients: &[usize],
+    keep: Option<&Path>,
 ) -> anyhow::Result<ServeBench> {
     let docs: Vec<String> =
         std::fs::read_to_string(documents)?.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
@@ -74,7 +75,13 @@ pub fn run(
     let questions: Vec<Question> = questions.into_iter().take(requests).collect();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut stores: Vec<(String, Settings)> = Vec::new();
-    let dir = tempfile_dir()?;
+    let dir = match keep {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.to_path_buf()
+        }
+        None => tempfile_dir()?,
+    };
     let mut embedded = settings.clone();
     embedded.store.kind = "embedded".into();
     embedded.store.path = dir.join("qdrant").display().to_string();
@@ -100,9 +107,14 @@ pub fn run(
         s.serve.auth = false;
         s.serve.addr = "127.0.0.1:0".into();
         let r: anyhow::Result<()> = rt.block_on(async {
+            // A kept embedded store that already holds the documents is reused (iterating on the service).
+            let reuse =
+                name == "embedded" && keep.is_some() && Path::new(&s.store.path).join("edge_config.json").exists();
             let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await?);
             let clock = Instant::now();
-            index_all(&pipeline, &indexer, &docs).await?;
+            if !reuse {
+                index_all(&pipeline, &indexer, &docs).await?;
+            }
             indexer.store().flush().await?;
             indexer.store().maintenance_idle().await;
             out.indexing_s.push((name.clone(), clock.elapsed().as_secs_f64()));
@@ -148,7 +160,9 @@ pub fn run(
             out.scaling_8_vs_1.push((r.store.clone(), r.route, s8.requests_per_s / r.requests_per_s.max(1e-9)));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(out)
 }
 

@@ -202,6 +202,9 @@ pub fn assemble(
     let mut remaining = params.budget_tokens;
     let mut kept: Vec<(usize, ContextWindow, Vec<&Mention>)> = Vec::new();
     for c in candidates {
+        if remaining == 0 {
+            break; // every window holds at least one token
+        }
         let note = &notes[c.note];
         let w = &words[c.note];
         let word_of = |offset: usize| w.partition_point(|&(_, e)| e <= offset).min(w.len() - 1);
@@ -213,20 +216,33 @@ pub fn assemble(
         let (mut lo, mut hi) = (c.lo, c.hi);
         let mut tokens = count_tokens(span(lo, hi));
         if tokens > remaining {
+            // Shrink symmetrically around the mentions, one word a side per step, to the first step that fits:
+            // a binary search over the steps (a span's token count never grows as words leave it).
             let core_lo = word_of(c.mentions[0].start);
             let core_hi = c.mentions.iter().map(|m| word_of(m.end.saturating_sub(1))).max().unwrap_or(core_lo);
-            while tokens > remaining && (lo < core_lo || hi > core_hi) {
-                if lo < core_lo {
-                    lo += 1;
-                }
-                if hi > core_hi {
-                    hi -= 1;
-                }
-                tokens = count_tokens(span(lo, hi));
-            }
-            if tokens > remaining {
+            let at = |k: usize| ((c.lo + k).min(core_lo.max(c.lo)), c.hi.saturating_sub(k).max(core_hi.min(c.hi)));
+            let steps = core_lo.saturating_sub(c.lo).max(c.hi.saturating_sub(core_hi));
+            // The mentions alone first: when even they do not fit, no step does.
+            let (l, h) = at(steps);
+            if steps == 0 || count_tokens(span(l, h)) > remaining {
                 continue;
             }
+            let mut fits_from = None;
+            let (mut a, mut b) = (1usize, steps);
+            while a <= b {
+                let k = a + (b - a) / 2;
+                let (l, h) = at(k);
+                let t = count_tokens(span(l, h));
+                if t <= remaining {
+                    fits_from = Some((k, t));
+                    b = k - 1;
+                } else {
+                    a = k + 1;
+                }
+            }
+            let Some((k, t)) = fits_from else { continue };
+            (lo, hi) = at(k);
+            tokens = t;
         }
         let (start, end) = (w[lo].0, w[hi].1);
         let inside: Vec<&Mention> = c.mentions.into_iter().filter(|m| m.start >= start && m.end <= end).collect();

@@ -134,7 +134,11 @@ impl Service {
 
     async fn labels(&self) -> Result<&LabelIndex, EmbedError> {
         self.labels
-            .get_or_try_init(|| label_index(&self.pipeline, &self.embedder, Path::new(&self.settings.cache_dir)))
+            .get_or_try_init(|| async {
+                let index = label_index(&self.pipeline, &self.embedder, Path::new(&self.settings.cache_dir)).await?;
+                index.prepare_sites(self.pipeline.lexicon(), self.pipeline.variables(), AlignParams::default());
+                Ok(index)
+            })
             .await
     }
 
@@ -198,7 +202,9 @@ impl Service {
         let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
         if alignment.is_empty() || response.windows.is_empty() {
             // Nothing aligned (or no aligned concept in this patient's notes): hybrid chunks for the patient.
-            let hits = self.hybrid(question, filters, &req.sections, self.settings.max_top).await?;
+            // The question itself is the first phrase: its vector is already there.
+            let dense = phrase_vectors.first().cloned();
+            let hits = self.hybrid_with(question, dense, filters, &req.sections, self.settings.max_top).await?;
             response.fall_back(hits, budget, &|t| self.count_tokens(t));
         }
         Ok(response)
@@ -249,12 +255,27 @@ impl Service {
     async fn hybrid(
         &self,
         text: &str,
+        filters: Filters,
+        sections: &[String],
+        top: usize,
+    ) -> Result<Vec<store::Hit>, ServeError> {
+        self.hybrid_with(text, None, filters, sections, top).await
+    }
+
+    /// Hybrid chunk search for `text` (its dense vector given, or embedded here).
+    async fn hybrid_with(
+        &self,
+        text: &str,
+        dense: Option<Vec<f32>>,
         mut filters: Filters,
         sections: &[String],
         top: usize,
     ) -> Result<Vec<store::Hit>, ServeError> {
         filters.sections = sections.to_vec();
-        let dense = self.embedder.embed(&[text]).await?.pop().unwrap_or_default();
+        let dense = match dense {
+            Some(d) => d,
+            None => self.embedder.embed(&[text]).await?.pop().unwrap_or_default(),
+        };
         let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top };
         Ok(self.store.search(&q).await?)
     }
