@@ -25,7 +25,7 @@ fn openapi_doc_is_the_generated_one() {
     for (schema, field) in [
         ("ContextRequest", "budget_tokens"),
         ("ContextResponse", "windows"),
-        ("Window", "doc_version"),
+        ("ContextWindow", "doc_version"),
         ("SearchRequest", "neighbours"),
         ("Hit", "payload"),
         ("ErrorBody", "error"),

@@ -34,18 +34,7 @@ fn label_cache() -> PathBuf {
 }
 
 fn settings(dir: &Path) -> Option<Settings> {
-    let model = root().join("models/all-MiniLM-L6-v2/model.onnx");
-    if !model.is_file() {
-        if std::env::var("CLINSTREAM_SKIP_MODEL_TESTS").is_ok() {
-            eprintln!("SKIPPED: no model files (run `make model`)");
-            return None;
-        }
-        panic!("models/ is missing: run `make model` (or set CLINSTREAM_SKIP_MODEL_TESTS=1)");
-    }
-    let mut s = Settings::load_from(None, Some(Default::default())).unwrap();
-    s.embed.model_dir = root().join("models/all-MiniLM-L6-v2").display().to_string();
-    s.embed.ort_library = root().join("models/onnxruntime/libonnxruntime.so.1.31.1").display().to_string();
-    s.store.path = dir.join("qdrant").display().to_string();
+    let mut s = common::model_settings(dir)?;
     s.serve.api_keys = Secret::new(format!("other-key, {KEY}"));
     s.serve.addr = "127.0.0.1:0".into();
     s.serve.cache_dir = label_cache().display().to_string();

@@ -76,23 +76,24 @@ pub struct ContextParams {
     pub window_words: usize,
 }
 
-/// One kept window.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One kept window (also the query service's response type: `serve::api`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct ContextWindow {
     pub doc_id: String,
     pub doc_version: String,
     pub date: Option<String>,
-    /// The heaviest section among its mentions.
-    pub section: &'static str,
+    /// The heaviest section among its mentions (canonical name).
+    pub section: String,
     pub weight: f32,
     /// Byte offsets in the note's text.
     pub start: usize,
     pub end: usize,
     pub text: String,
-    /// Concept ids of the target mentions inside.
+    /// Concept ids of the aligned mentions inside, in text order.
     pub concepts: Vec<String>,
-    /// Assertions of those mentions (`affirmed`, `negated`, `uncertain`, ...), in text order.
+    /// Their assertions (`affirmed`, `negated`, `uncertain`, `hypothetical`, `family`, `historical`).
     pub assertions: Vec<String>,
+    /// Alignment × section weight.
     pub score: f32,
     pub tokens: usize,
 }
@@ -257,7 +258,7 @@ pub fn assemble(
             doc_id: note.doc_id.to_string(),
             doc_version: note.version.to_string(),
             date: note.date.map(str::to_string),
-            section: section.name,
+            section: section.name.to_string(),
             weight: section.weight,
             start: note.offset + start,
             end: note.offset + end,

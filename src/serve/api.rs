@@ -82,27 +82,8 @@ pub struct Entity {
     pub answer: bool,
 }
 
-/// One context window.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Window {
-    pub doc_id: String,
-    pub doc_version: String,
-    pub date: Option<String>,
-    /// The heaviest section among its mentions.
-    pub section: String,
-    pub weight: f32,
-    /// Byte offsets in the note's text.
-    pub start: usize,
-    pub end: usize,
-    pub text: String,
-    /// Concept ids of the aligned mentions inside, in text order.
-    pub concepts: Vec<String>,
-    /// Their assertions (`affirmed`, `negated`, `uncertain`, `hypothetical`, `family`, `historical`).
-    pub assertions: Vec<String>,
-    /// Alignment × section weight.
-    pub score: f32,
-    pub tokens: usize,
-}
+/// One context window: `query::context`'s own type.
+pub use crate::query::context::ContextWindow as Window;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Answer {
@@ -192,24 +173,7 @@ impl ContextResponse {
                     answer: x.answer,
                 })
                 .collect(),
-            windows: c
-                .windows
-                .into_iter()
-                .map(|w| Window {
-                    doc_id: w.doc_id,
-                    doc_version: w.doc_version,
-                    date: w.date,
-                    section: w.section.to_string(),
-                    weight: w.weight,
-                    start: w.start,
-                    end: w.end,
-                    text: w.text,
-                    concepts: w.concepts,
-                    assertions: w.assertions,
-                    score: w.score,
-                    tokens: w.tokens,
-                })
-                .collect(),
+            windows: c.windows,
             chunks: Vec::new(),
             tokens: c.tokens,
             budget_tokens: budget,

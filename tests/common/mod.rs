@@ -58,6 +58,25 @@ pub fn settings() -> Settings {
     Settings::load_from(None, Some(Default::default())).expect("defaults load")
 }
 
+/// Default settings with the repository's model files (`make model`) and an embedded store in `dir`. Without the
+/// model files this fails with that instruction, unless `CLINSTREAM_SKIP_MODEL_TESTS=1` (then a loud SKIPPED and
+/// `None`).
+pub fn model_settings(dir: &std::path::Path) -> Option<Settings> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if !root.join("models/all-MiniLM-L6-v2/model.onnx").is_file() {
+        if std::env::var("CLINSTREAM_SKIP_MODEL_TESTS").is_ok() {
+            eprintln!("SKIPPED: no model files (run `make model`)");
+            return None;
+        }
+        panic!("models/ is missing: run `make model` (or set CLINSTREAM_SKIP_MODEL_TESTS=1)");
+    }
+    let mut s = settings();
+    s.embed.model_dir = root.join("models/all-MiniLM-L6-v2").display().to_string();
+    s.embed.ort_library = root.join("models/onnxruntime/libonnxruntime.so.1.31.1").display().to_string();
+    s.store.path = dir.join("qdrant").display().to_string();
+    Some(s)
+}
+
 pub fn settings_with(env: &[(&str, &str)]) -> Settings {
     Settings::load_from(None, Some(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())).unwrap()
 }
