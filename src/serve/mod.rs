@@ -29,7 +29,8 @@ use crate::store::{self, Filters, Query, Store, StoreError, bm25};
 
 pub use api::{ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 
-/// Most windows read for one patient (a record larger than this is cut, oldest first dropped: see `windows`).
+/// Most windows read for one patient per request (a larger record is cut in point-id order; at ±150 words a
+/// window per mention cluster, this is thousands of notes).
 const MAX_WINDOWS: usize = 20_000;
 
 /// Why a request was not answered.
