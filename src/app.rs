@@ -161,6 +161,7 @@ pub async fn run_service(
     let service = Service::new(settings, pipeline, embedder, Arc::new(store))
         .map_err(|e| RunError::Config(format!("serve: {e:#}")))?;
     let service = Arc::new(service);
+    service.watch_store(std::time::Duration::from_secs(2));
     let (addr, task) = routes::serve(&settings.serve.addr, Arc::clone(&service), readiness.clone(), shutdown)
         .await
         .map_err(|source| RunError::Listen { addr: format!("serve.addr {}", settings.serve.addr), source })?;

@@ -140,8 +140,9 @@ impl Running {
         eprintln!("label index ready in {:.1} s", clock.elapsed().as_secs_f64());
         let readiness = Readiness::default();
         readiness.set(true);
-        let (addr, _) =
-            routes::serve(&s.serve.addr, Arc::new(service), readiness, std::future::pending()).await.unwrap();
+        let service = Arc::new(service);
+        service.watch_store(Duration::from_millis(500));
+        let (addr, _) = routes::serve(&s.serve.addr, service, readiness, std::future::pending()).await.unwrap();
         Running { port: addr.port(), ..r }
     }
 
@@ -487,9 +488,11 @@ async fn a_store_going_down_answers_503_and_recovers() {
     assert_eq!(common::http_get(api.port, "/readyz").unwrap().0, 503, "not ready while the store is down");
     assert_eq!(common::http_get(api.port, "/healthz").unwrap().0, 200, "but alive");
     server.restart();
-    common::wait_until(Duration::from_secs(60), "the service answers again", || {
-        request(api.port, "POST", "/v1/context", Some(KEY), "application/json", &body).0 == 200
+    // Readiness comes back without any request (a not-ready pod gets none): the service probes the store.
+    common::wait_until(Duration::from_secs(60), "/readyz recovers by itself", || {
+        common::http_get(api.port, "/readyz").is_some_and(|(s, _)| s == 200)
     });
+    assert_eq!(request(api.port, "POST", "/v1/context", Some(KEY), "application/json", &body).0, 200);
     assert_eq!(common::http_get(api.port, "/readyz").unwrap().0, 200);
 }
 

@@ -143,6 +143,23 @@ impl Service {
             .await
     }
 
+    /// While the store is marked unreachable (a request got 503), asks it every `every` whether it answers again,
+    /// so `/readyz` recovers even when the orchestrator has stopped sending requests to a not-ready pod. Runs until
+    /// the process ends.
+    pub fn watch_store(self: &Arc<Self>, every: std::time::Duration) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            // A filter no point matches: answered from the payload index, whatever the collection's size.
+            let probe = Filters { patient: Some("\u{1f}readiness-probe".into()), ..Default::default() };
+            loop {
+                tokio::time::sleep(every).await;
+                if !crate::telemetry::health::store_reachable() && me.store.windows(&probe, 1).await.is_ok() {
+                    crate::http::set_store_reachable(true);
+                }
+            }
+        });
+    }
+
     pub fn store(&self) -> &Arc<Store> {
         &self.store
     }

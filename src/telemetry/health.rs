@@ -16,6 +16,11 @@ pub fn set_store_reachable(reachable: bool) {
     STORE_REACHABLE.store(reachable, Ordering::SeqCst);
 }
 
+/// Whether the last store call answered.
+pub fn store_reachable() -> bool {
+    STORE_REACHABLE.load(Ordering::SeqCst)
+}
+
 impl Readiness {
     pub fn set(&self, ready: bool) {
         self.0.store(ready, Ordering::SeqCst);
