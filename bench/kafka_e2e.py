@@ -1,7 +1,11 @@
 """End-to-end through a Kafka-protocol broker: notes/s from the input topic to committed outputs, with indexing on
-(fixed-size chunks, CPU embedding), for 1 and 2 workers; names the stage where the time goes.
+(fixed-size chunks unless CLINSTREAM__CHUNKING__STRATEGY says otherwise; the embedding provider from the
+environment, CPU by default), for 1 and 2 workers; names the stage where the time goes.
 
     python3 bench/kafka_e2e.py BIN MTSAMPLES_CSV N [WORKERS...]     (prints JSON)
+
+NOIDA_DB names the broker binary (default .tools/noida/noida_db/noida-db); E2E_TIMEOUT (seconds, default 900)
+bounds each run; a worker that exits early fails the run with the tail of its log.
 
 Starts a fresh noida-db broker (`make tools`) per worker count, produces N MTSamples notes wrapped as
 DocumentReferences onto a 4-partition topic, starts the workers (each with its own embedded store: two processes
@@ -61,7 +65,7 @@ def notes(path, n):
 def run(bin_, events_path, n, workers, work):
     port = free_port()
     data = tempfile.mkdtemp(dir=work)
-    broker = subprocess.Popen([".tools/noida/noida_db/noida-db", "start", "--only", "kafka", "--host", "127.0.0.1",
+    broker = subprocess.Popen([os.environ.get("NOIDA_DB", ".tools/noida/noida_db/noida-db"), "start", "--only", "kafka", "--host", "127.0.0.1",
                                "--kafka-port", str(port), "--data-dir", data],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs = []
@@ -72,13 +76,20 @@ def run(bin_, events_path, n, workers, work):
                 break
             except OSError:
                 time.sleep(0.1)
-        env = dict(os.environ)
+        env = {"CLINSTREAM__CHUNKING__STRATEGY": "fixed", "CLINSTREAM__KAFKA__CREATE_PARTITIONS": "4"}
+        env.update(os.environ)
         env.update({
             "CLINSTREAM__KAFKA__ENABLED": "true", "CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
             "CLINSTREAM__KAFKA__GROUP_ID": "bench", "CLINSTREAM__KAFKA__CREATE_TOPICS": "true",
-            "CLINSTREAM__KAFKA__CREATE_PARTITIONS": "4", "CLINSTREAM__CHUNKING__STRATEGY": "fixed",
             "CLINSTREAM__LOG__LEVEL": "warn", "CLINSTREAM__LOG__FORMAT": "json",
         })
+        deadline = time.time() + float(os.environ.get("E2E_TIMEOUT", "900"))
+
+        def check():
+            for w, p in enumerate(procs):
+                if p.poll() is not None or time.time() > deadline:
+                    log = open(os.path.join(data, f"w{w}.log")).read()[-3000:]
+                    raise SystemExit(f"worker {w} {'exited' if p.poll() is not None else 'timed out'}: {log}")
         subprocess.run([bin_, "produce", "--input", events_path, "--create-topics"], env=env, check=True,
                        stdout=subprocess.DEVNULL)
         ports = []
@@ -90,13 +101,16 @@ def run(bin_, events_path, n, workers, work):
             procs.append(subprocess.Popen([bin_, "run"], env=wenv, stdout=subprocess.DEVNULL,
                                           stderr=open(os.path.join(data, f"w{w}.log"), "w")))
         while not all(ready(p) for p in ports):
+            check()
             time.sleep(0.05)
         start = time.time()
         while sum(total(metrics(p), "clinstream_documents_finished_total{") for p in ports) < n:
+            check()
             time.sleep(0.1)
         finished = time.time()
         commits = sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports)
         while sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports) <= commits:
+            check()
             time.sleep(0.05)
         committed = time.time()
         bodies = [metrics(p) for p in ports]
@@ -113,6 +127,7 @@ def run(bin_, events_path, n, workers, work):
             "notes_per_s": round(n / (committed - start), 2), "notes_per_s_finished": round(n / (finished - start), 2),
             "embed_tokens": int(tokens), "stage_seconds": {k: round(v, 2) for k, v in sorted(shown.items())},
             "bottleneck": busiest,
+            "build_info": sorted({l for b in bodies for l in b.splitlines() if l.startswith("clinstream_build_info{")}),
         }
     finally:
         for p in procs:

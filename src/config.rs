@@ -95,6 +95,9 @@ pub struct EmbedSettings {
     /// A sentence-transformers model exported to ONNX: `model.onnx` + `tokenizer.json` (+ optional
     /// `sentence_bert_config.json`, `config.json`).
     pub model_dir: String,
+    /// The graph inside `model_dir`: `model.onnx` (fp32), or `model.fp16.onnx` (`make model`'s half-precision
+    /// variant, for CUDA).
+    pub model_file: String,
     /// The ONNX Runtime shared library (`ORT_DYLIB_PATH` is used when this is empty).
     pub ort_library: String,
     /// `cpu` or `cuda` (CUDA fails start-up when the provider cannot be registered; it never falls back).
@@ -354,6 +357,9 @@ pub struct OutputSettings {
 #[serde(deny_unknown_fields)]
 pub struct PipelineSettings {
     pub workers: usize,
+    /// Threads of the async runtime (awaiting, the store and Kafka clients); 0 = a quarter of the cores, at
+    /// least 2. CPU-bound steps never run there.
+    pub async_threads: usize,
     pub in_flight: usize,
     pub source_channel: usize,
 }
@@ -750,6 +756,14 @@ impl Settings {
         let mut value = toml::Value::try_from(self).expect("settings always serialize to TOML");
         redact(&mut value);
         toml::to_string_pretty(&value).expect("a TOML value always prints")
+    }
+
+    /// Async runtime threads (resolving 0 = a quarter of the cores, at least 2).
+    pub fn async_threads(&self) -> usize {
+        match self.pipeline.async_threads {
+            0 => (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / 4).max(2),
+            n => n,
+        }
     }
 
     /// Worker threads to use (resolving 0 = one per core).

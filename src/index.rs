@@ -171,17 +171,17 @@ impl Indexer {
     /// Plans the document's chunks (SEOS embeds the sentence groups first).
     pub async fn chunks(&self, doc: &Document, units: &[Unit]) -> Result<Vec<Chunk>, EmbedError> {
         let groups = self.cpu.groups(units);
-        let shifts = self.shifts(doc, &groups).await?;
+        let texts: Vec<&str> = groups.iter().map(|&(a, b)| &doc.note.text[a..b]).collect();
+        let shifts = self.shifts(self.embedder.encode(&texts)?).await?;
         Ok(self.cpu.plan(doc, units, &shifts))
     }
 
-    /// SEOS: the semantic shift between each unit's sentence group and the next one's.
-    async fn shifts(&self, doc: &Document, groups: &[(usize, usize)]) -> Result<Vec<f32>, EmbedError> {
-        if groups.is_empty() {
+    /// SEOS: the semantic shift between each unit's sentence group and the next one's, from the groups' token ids.
+    async fn shifts(&self, group_ids: Vec<Vec<u32>>) -> Result<Vec<f32>, EmbedError> {
+        if group_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let texts: Vec<&str> = groups.iter().map(|&(a, b)| &doc.note.text[a..b]).collect();
-        let vectors = self.embedder.embed(&texts).await?;
+        let vectors = self.embedder.embed_ids(group_ids).await?;
         Ok(vectors.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect())
     }
 
@@ -207,17 +207,28 @@ impl Indexer {
             return Ok(0);
         }
         let clock = Instant::now();
-        let (units, groups) = self
-            .on_cpu(doc, |cpu, d| {
+        // Tokenizing runs with the other CPU steps on the blocking pool: on a GPU the async workers would
+        // otherwise be the bound (docs/benchmarks.md, "GPU").
+        let embedder = self.embedder.clone();
+        let (units, group_ids) = self
+            .on_cpu(doc, move |cpu, d| {
                 let units = cpu.units(d);
-                let groups = cpu.groups(&units);
-                (units, groups)
+                let texts: Vec<&str> = cpu.groups(&units).iter().map(|&(a, b)| &d.note.text[a..b]).collect();
+                let ids = embedder.encode(&texts);
+                (units, ids)
             })
             .await?;
-        let shifts = self.shifts(doc, &groups).await.map_err(embed_err)?;
-        let chunks = self.on_cpu(doc, move |cpu, d| cpu.plan(d, &units, &shifts)).await?;
-        let texts: Vec<&str> = chunks.iter().map(|c| &note.text[c.start..c.end]).collect();
-        let vectors = self.embedder.embed(&texts).await.map_err(embed_err)?;
+        let shifts = self.shifts(group_ids.map_err(embed_err)?).await.map_err(embed_err)?;
+        let embedder = self.embedder.clone();
+        let (chunks, chunk_ids) = self
+            .on_cpu(doc, move |cpu, d| {
+                let chunks = cpu.plan(d, &units, &shifts);
+                let texts: Vec<&str> = chunks.iter().map(|c| &d.note.text[c.start..c.end]).collect();
+                let ids = embedder.encode(&texts);
+                (chunks, ids)
+            })
+            .await?;
+        let vectors = self.embedder.embed_ids(chunk_ids.map_err(embed_err)?).await.map_err(embed_err)?;
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
         let version = note.version.clone().unwrap_or_default();
         let v = version.clone();

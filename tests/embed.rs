@@ -80,6 +80,64 @@ async fn embedder_matches_an_independent_numpy_forward_pass() {
     }
 }
 
+/// `make model`'s half-precision file (`embed.model_file`) against the same independent reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_half_precision_model_matches_the_reference_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.embed.model_file = "model.fp16.onnx".into();
+    let embedder = tokio::task::spawn_blocking(move || Embedder::start(&s.embed)).await.unwrap().unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/data/minilm_reference.json")).unwrap())
+            .unwrap();
+    let sentences = reference["sentences"].as_array().unwrap();
+    let texts: Vec<&str> = sentences.iter().map(|s| s["text"].as_str().unwrap()).collect();
+    let got = embedder.embed(&texts).await.unwrap();
+    for (s, v) in sentences.iter().zip(&got) {
+        let want: Vec<f64> = s["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let c = cosine(v, &want);
+        assert!(c >= 0.999, "fp16 {:?}: cosine {c:.5} < 0.999", s["text"]);
+    }
+}
+
+/// `bench embed` as the GPU measurements use it: a sweep prints one JSON line per combination, and `--check-cpu`
+/// compares the benchmarked model (here fp16 on CPU) with fp32 on CPU per vector.
+#[test]
+fn bench_embed_sweeps_and_checks_against_the_cpu_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let csv = dir.path().join("notes.csv");
+    std::fs::write(
+        &csv,
+        "transcription\n\"HISTORY: Chest pain for two days. No fever. EXAM: Lungs clear. PLAN: Aspirin daily.\"\n\
+         \"ASSESSMENT: Type 2 diabetes, stable. Denies polyuria. PLAN: Continue metformin. Follow up in 3 months.\"\n",
+    )
+    .unwrap();
+    let out = common::clinstream()
+        .args(["bench", "embed", "--csv"])
+        .arg(&csv)
+        .args(["--limit", "2", "--runs", "1", "--batch-tokens", "512,1024", "--check-cpu", "50"])
+        .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+        .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+        .env("CLINSTREAM__EMBED__MODEL_FILE", "model.fp16.onnx")
+        .env("CLINSTREAM__LOG__LEVEL", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2, "one line per combination");
+    for (row, budget) in rows.iter().zip([512, 1024]) {
+        assert_eq!(row["batch_tokens"], budget);
+        assert_eq!(row["provider"], "cpu");
+        assert!(row["tokens"].as_u64().unwrap() > 20, "{row}");
+        let check = &row["check"];
+        assert!(check["vectors"].as_u64().unwrap() >= 4, "{row}");
+        assert!(check["min_cosine"].as_f64().unwrap() >= 0.999, "{row}");
+        assert_eq!(check["below_0_999"], 0);
+    }
+}
+
 #[test]
 fn a_missing_model_or_a_cuda_request_without_the_feature_fails_start_up_clearly() {
     let dir = tempfile::tempdir().unwrap();

@@ -274,10 +274,21 @@ fn the_helm_chart_renders_and_lints() {
     }
     assert!(deployment.contains("CLINSTREAM__STORE__API_KEY"), "the Qdrant API key reaches store.api_key");
     let configmap = m["clinstream/templates/configmap.yaml"].as_str().unwrap();
-    assert!(
-        configmap.contains("CLINSTREAM__EMBED__EXECUTION_PROVIDER: \"cuda\""),
-        "GPU values select CUDA: {configmap}"
-    );
+    for expected in [
+        "CLINSTREAM__EMBED__EXECUTION_PROVIDER: \"cuda\"",
+        "CLINSTREAM__EMBED__MODEL_FILE: \"model.fp16.onnx\"",
+        "CLINSTREAM__EMBED__BATCH_TOKENS: \"65536\"",
+        "CLINSTREAM__PIPELINE__IN_FLIGHT: \"512\"",
+    ] {
+        assert!(configmap.contains(expected), "GPU values lack {expected}: {configmap}");
+    }
+    assert!(deployment.contains("cpu: \"4\""), "GPU pods take the GPU resources: {deployment}");
+    // A key in `config` wins over the GPU settings, and appears once.
+    let own =
+        helm(serde_json::json!({"gpu": {"enabled": true}, "config": {"embed.model_file": "model.onnx"}})).unwrap();
+    let configmap = own["manifests"]["clinstream/templates/configmap.yaml"].as_str().unwrap();
+    assert_eq!(configmap.matches("CLINSTREAM__EMBED__MODEL_FILE").count(), 1, "{configmap}");
+    assert!(configmap.contains("CLINSTREAM__EMBED__MODEL_FILE: \"model.onnx\""), "{configmap}");
     assert!(!deployment.contains("replicas:"), "KEDA owns the replica count");
     assert!(m["clinstream/templates/servicemonitor.yaml"].as_str().unwrap().contains("kind: ServiceMonitor"));
     assert!(m["clinstream/templates/keda.yaml"].as_str().unwrap().contains("kind: ScaledObject"));
@@ -286,6 +297,7 @@ fn the_helm_chart_renders_and_lints() {
     // setting the worker accepts: an unknown key would stop every pod at start-up.
     let kafka = helm(serde_json::json!({
         "args": ["run", "--no-progress"],
+        "gpu": {"enabled": true},
         "config": {"kafka.enabled": "true", "kafka.bootstrap_servers": "kafka:9092",
                    "kafka.schema_registry.url": "https://registry:8081",
                    "kafka.common.security.protocol": "SASL_SSL", "kafka.common.sasl.mechanisms": "SCRAM-SHA-512"},
@@ -324,6 +336,8 @@ fn the_helm_chart_renders_and_lints() {
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__USERNAME",
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__PASSWORD",
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__URL",
+        "CLINSTREAM__EMBED__MODEL_FILE",
+        "CLINSTREAM__PIPELINE__IN_FLIGHT",
     ] {
         assert!(names.contains(&expected), "{expected} not set by the chart: {names:?}");
     }

@@ -190,6 +190,53 @@ pub struct EmbedBench {
     pub bare_tokens_per_s: f64,
     pub ratio: f64,
     pub runs: usize,
+    /// `--check-cpu`: these vectors against the fp32 `model.onnx` on the CPU provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<ProviderCheck>,
+}
+
+/// Per-vector cosine between the benchmarked embedder and the reference (fp32 `model.onnx` on CPU).
+#[derive(Debug, serde::Serialize)]
+pub struct ProviderCheck {
+    pub reference: String,
+    pub vectors: usize,
+    pub min_cosine: f64,
+    pub mean_cosine: f64,
+    /// Vectors under 0.999.
+    pub below_0_999: usize,
+}
+
+/// Embeds the first `n` inputs with `settings` and with the reference (CPU, `model.onnx`), and compares them.
+pub fn check_against_cpu(
+    settings: &crate::config::EmbedSettings,
+    inputs: &[Vec<u32>],
+    n: usize,
+) -> anyhow::Result<ProviderCheck> {
+    let inputs = &inputs[..n.min(inputs.len())];
+    let reference = crate::config::EmbedSettings {
+        execution_provider: "cpu".into(),
+        model_file: "model.onnx".into(),
+        ..settings.clone()
+    };
+    let got = crate::embed::embed_direct(settings, inputs)?;
+    let want = crate::embed::embed_direct(&reference, inputs)?;
+    let cosines: Vec<f64> = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| {
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+            let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            dot / (na * nb).max(f64::MIN_POSITIVE)
+        })
+        .collect();
+    Ok(ProviderCheck {
+        reference: "cpu model.onnx".into(),
+        vectors: cosines.len(),
+        min_cosine: cosines.iter().copied().fold(f64::INFINITY, f64::min),
+        mean_cosine: cosines.iter().sum::<f64>() / cosines.len().max(1) as f64,
+        below_0_999: cosines.iter().filter(|c| **c < 0.999).count(),
+    })
 }
 
 /// The SEOS sentence groups (each sentence with one neighbour on each side) of each note: the embedder's main
@@ -216,6 +263,7 @@ pub fn embed(
     pipeline: &Pipeline,
     events: &[Vec<u8>],
     runs: usize,
+    check_cpu: usize,
 ) -> anyhow::Result<EmbedBench> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let embedder = crate::embed::Embedder::start(&settings.embed)?;
@@ -262,6 +310,10 @@ pub fn embed(
         bare_tokens_per_s: best_bare,
         ratio: best_worker / best_bare,
         runs: runs.max(1),
+        check: match check_cpu {
+            0 => None,
+            n => Some(check_against_cpu(&settings.embed, &all, n)?),
+        },
     })
 }
 

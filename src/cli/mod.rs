@@ -272,6 +272,17 @@ enum BenchCommand {
         /// Alternating runs of each side; the best of each is kept.
         #[arg(long, default_value_t = 2)]
         runs: usize,
+        /// Sweep: token budgets per batch to try (comma-separated; default: `embed.batch_tokens`). With a sweep the
+        /// output is one JSON object per line, one per combination.
+        #[arg(long, value_delimiter = ',')]
+        batch_tokens: Vec<usize>,
+        /// Sweep: inputs per batch at most (comma-separated; default: `embed.max_batch`).
+        #[arg(long, value_delimiter = ',')]
+        max_batch: Vec<usize>,
+        /// Also embed the first N inputs with the fp32 `model.onnx` on the CPU provider and report the per-vector
+        /// cosine (a CUDA or fp16 run against the reference).
+        #[arg(long, default_value_t = 0)]
+        check_cpu: usize,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -576,11 +587,27 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", docs::explain(&pipeline, text));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { command: BenchCommand::Embed { csv, column, limit, runs, config } } => {
+        Command::Bench {
+            command: BenchCommand::Embed { csv, column, limit, runs, batch_tokens, max_batch, check_cpu, config },
+        } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             let events = bench::events(&csv, &column, Some(limit)).context("reading the corpus")?;
-            let r = bench::embed(&settings, &pipeline, &events, runs)?;
-            println!("{}", serde_json::to_string_pretty(&r)?);
+            if batch_tokens.is_empty() && max_batch.is_empty() {
+                let r = bench::embed(&settings, &pipeline, &events, runs, check_cpu)?;
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let budgets = if batch_tokens.is_empty() { vec![settings.embed.batch_tokens] } else { batch_tokens };
+            let sizes = if max_batch.is_empty() { vec![settings.embed.max_batch] } else { max_batch };
+            for &b in &budgets {
+                for &m in &sizes {
+                    let mut s = settings.clone();
+                    s.embed.batch_tokens = b;
+                    s.embed.max_batch = m;
+                    let r = bench::embed(&s, &pipeline, &events, runs, check_cpu)?;
+                    println!("{}", serde_json::to_string(&r)?);
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {
@@ -701,7 +728,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
 fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(settings.async_threads())
         .max_blocking_threads(settings.worker_threads() + 1)
         .thread_name("clinstream")
         .enable_all()

@@ -78,6 +78,22 @@ pub struct Embedder {
     tx: mpsc::Sender<Request>,
     tokenizer: Arc<Tokenizer>,
     info: Arc<ModelInfo>,
+    /// Dropped after `tx` of the last handle: waits for the model thread to end.
+    _thread: Arc<ModelThread>,
+}
+
+/// Joins the model thread when the last handle goes, so the session is released before the process exits: the
+/// CUDA provider's own teardown at exit crashes under a session that another thread is still dropping.
+struct ModelThread(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for ModelThread {
+    fn drop(&mut self) {
+        // Every sender is gone by now (each handle drops its `tx` first), so the thread finishes its last pool and
+        // ends.
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for Embedder {
@@ -87,9 +103,9 @@ impl std::fmt::Debug for Embedder {
 }
 
 /// The model directory's files.
-pub fn model_files(model_dir: &str) -> (PathBuf, PathBuf) {
-    let dir = Path::new(model_dir);
-    (dir.join("model.onnx"), dir.join("tokenizer.json"))
+pub fn model_files(s: &EmbedSettings) -> (PathBuf, PathBuf) {
+    let dir = Path::new(&s.model_dir);
+    (dir.join(&s.model_file), dir.join("tokenizer.json"))
 }
 
 fn backend_options<'a>(s: &'a EmbedSettings, model: &'a Path) -> backend::BackendOptions<'a> {
@@ -118,12 +134,12 @@ impl Embedder {
     /// `spawn_blocking` or before the runtime is busy).
     pub fn start(s: &EmbedSettings) -> Result<Embedder, EmbedError> {
         let clock = Instant::now();
-        let (model_path, tokenizer_path) = model_files(&s.model_dir);
+        let (model_path, tokenizer_path) = model_files(s);
         let dir = Path::new(&s.model_dir);
         for p in [&model_path, &tokenizer_path] {
             if !p.is_file() {
                 return Err(EmbedError::Load(format!(
-                    "{} does not exist (run `make model`, or set embed.model_dir)",
+                    "{} does not exist (run `make model`, or set embed.model_dir / embed.model_file)",
                     p.display()
                 )));
             }
@@ -161,12 +177,8 @@ impl Embedder {
             .unwrap_or_else(|| s.model_dir.clone());
         let info = Arc::new(ModelInfo { name, dim, max_tokens, special_tokens, provider: model.provider });
         let (tx, rx) = mpsc::channel(s.queue);
-        let batching = Batching {
-            batch_tokens: s.batch_tokens,
-            max_batch: s.max_batch,
-            linger: Duration::from_millis(s.linger_ms),
-        };
-        std::thread::Builder::new()
+        let batching = Batching::new(s, Duration::from_millis(s.linger_ms));
+        let thread = std::thread::Builder::new()
             .name("clinstream-embed".into())
             .spawn(move || model_thread(model, rx, batching))
             .map_err(|e| EmbedError::Load(format!("could not start the model thread: {e}")))?;
@@ -178,7 +190,7 @@ impl Embedder {
             took_ms = clock.elapsed().as_millis() as u64,
             "Embedding model loaded and warm."
         );
-        Ok(Embedder { tx, tokenizer: Arc::new(tokenizer), info })
+        Ok(Embedder { tx, tokenizer: Arc::new(tokenizer), info, _thread: Arc::new(ModelThread(Some(thread))) })
     }
 
     /// `start` on the blocking pool (loading and warming the model takes a while).
@@ -240,7 +252,7 @@ impl Embedder {
 /// once), called directly in a loop — no channel, no model thread, no per-request bookkeeping. Returns the real
 /// tokens embedded and the time taken (after one warm-up run).
 pub fn bare_loop(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<(usize, Duration), EmbedError> {
-    let (model_path, _) = model_files(&s.model_dir);
+    let (model_path, _) = model_files(s);
     let mut model = backend::Backend::load(&backend_options(s, &model_path))?;
     if let Some(first) = inputs.first() {
         model.run(&[first.as_slice()])?;
@@ -248,7 +260,7 @@ pub fn bare_loop(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<(usize, Durat
     let mut sorted: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
     sorted.sort_by_key(|b| std::cmp::Reverse(b.len()));
     let lengths: Vec<usize> = sorted.iter().map(|i| i.len()).collect();
-    let b = Batching { batch_tokens: s.batch_tokens, max_batch: s.max_batch, linger: Duration::ZERO };
+    let b = Batching::new(s, Duration::ZERO);
     let plan = plan_batches(&lengths, &b);
     let clock = Instant::now();
     for r in plan {
@@ -257,11 +269,40 @@ pub fn bare_loop(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<(usize, Durat
     Ok((lengths.iter().sum(), clock.elapsed()))
 }
 
+/// Embeds `inputs` with a model loaded for this call alone (no model thread), batched by the same plan as the
+/// worker, and returns the vectors in input order. For comparing providers and precisions (`bench embed
+/// --check-cpu`).
+pub fn embed_direct(s: &EmbedSettings, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let (model_path, _) = model_files(s);
+    let mut model = backend::Backend::load(&backend_options(s, &model_path))?;
+    let mut order: Vec<usize> = (0..inputs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(inputs[i].len()));
+    let lengths: Vec<usize> = order.iter().map(|&i| inputs[i].len()).collect();
+    let b = Batching::new(s, Duration::ZERO);
+    let mut out = vec![Vec::new(); inputs.len()];
+    for r in plan_batches(&lengths, &b) {
+        let batch: Vec<&[u32]> = order[r.clone()].iter().map(|&i| inputs[i].as_slice()).collect();
+        for (&i, v) in order[r].iter().zip(model.run(&batch)?) {
+            out[i] = v;
+        }
+    }
+    Ok(out)
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Batching {
     pub batch_tokens: usize,
     pub max_batch: usize,
     pub linger: Duration,
+    /// Fixed cost of one model run, in padded-token equivalents (keeps the plan from making many small batches).
+    pub run_overhead: usize,
+}
+
+impl Batching {
+    fn new(s: &EmbedSettings, linger: Duration) -> Batching {
+        let run_overhead = if s.execution_provider == "cuda" { GPU_RUN_OVERHEAD_TOKENS } else { RUN_OVERHEAD_TOKENS };
+        Batching { batch_tokens: s.batch_tokens, max_batch: s.max_batch, linger, run_overhead }
+    }
 }
 
 /// One waiting input: which request, which position in it, its ids.
@@ -277,8 +318,16 @@ struct Open {
     remaining: usize,
 }
 
-/// Fixed cost of one model run, in padded-token equivalents (keeps the plan from making many tiny batches).
+/// Fixed cost of one model run on the CPU, in padded-token equivalents.
 const RUN_OVERHEAD_TOKENS: usize = 64;
+/// The same on a GPU: a run of a small encoder is about a hundred kernel launches plus the copies and the
+/// synchronisation, about a millisecond, which is a couple of thousand tokens' work at the H100's rate
+/// (docs/benchmarks.md, "GPU").
+const GPU_RUN_OVERHEAD_TOKENS: usize = 2048;
+
+/// The model thread gathers up to this many batch budgets of queued inputs before planning: a larger pool sorts
+/// into evenly sized batches with less padding and fewer partial batches.
+const POOL_BATCHES: usize = 8;
 
 /// Cuts items (sorted by length, longest first) into contiguous batches that minimise the padded tokens computed
 /// (`longest × count` per batch, plus a per-run overhead) — a small dynamic programme over the sorted lengths —
@@ -296,7 +345,7 @@ pub(crate) fn plan_batches(lengths: &[usize], b: &Batching) -> Vec<std::ops::Ran
             if count > 1 && (count > b.max_batch.max(1) || longest * count > b.batch_tokens) {
                 break;
             }
-            let cost = best[j].saturating_add(longest * count + RUN_OVERHEAD_TOKENS);
+            let cost = best[j].saturating_add(longest * count + b.run_overhead);
             if cost < best[i] {
                 best[i] = cost;
                 from[i] = j;
@@ -332,13 +381,16 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
             }
             open.insert(id, Open { reply: req.reply, vectors: vec![Vec::new(); n], remaining: n });
         };
-        // Wait for the first request, then gather more until the batch budget is met or the linger expires.
+        // Wait for the first request; take whatever else is already queued, up to POOL_BATCHES batch budgets; and
+        // while under one batch, wait for more until the linger expires.
         match rt.block_on(rx.recv()) {
             Some(req) => take(req, &mut items, &mut tokens),
             None => break,
         }
         let deadline = tokio::time::Instant::now() + b.linger;
-        while tokens < b.batch_tokens && items.len() < b.max_batch {
+        let (pool_tokens, pool_items) =
+            (b.batch_tokens.saturating_mul(POOL_BATCHES), b.max_batch.max(1).saturating_mul(POOL_BATCHES));
+        while tokens < pool_tokens && items.len() < pool_items {
             match rx.try_recv() {
                 Ok(req) => take(req, &mut items, &mut tokens),
                 Err(mpsc::error::TryRecvError::Disconnected) => {
@@ -346,6 +398,9 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
                     break;
                 }
                 Err(mpsc::error::TryRecvError::Empty) => {
+                    if tokens >= b.batch_tokens || items.len() >= b.max_batch {
+                        break;
+                    }
                     match rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await }) {
                         Ok(Some(req)) => take(req, &mut items, &mut tokens),
                         Ok(None) => {
@@ -381,6 +436,12 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
                         if let Some(o) = open.get_mut(&item.request) {
                             o.vectors[item.index] = vector;
                             o.remaining -= 1;
+                            // Answer a request as soon as its last input is done, not at the end of the pool.
+                            if o.remaining == 0
+                                && let Some(o) = open.remove(&item.request)
+                            {
+                                let _ = o.reply.send(Ok(o.vectors));
+                            }
                         }
                     }
                 }
@@ -408,7 +469,7 @@ mod tests {
 
     #[test]
     fn batches_respect_the_padded_token_budget_and_the_size_cap() {
-        let b = Batching { batch_tokens: 100, max_batch: 4, linger: Duration::ZERO };
+        let b = Batching { batch_tokens: 100, max_batch: 4, linger: Duration::ZERO, run_overhead: RUN_OVERHEAD_TOKENS };
         let lengths = [60, 40, 30, 25, 10, 10, 10, 10, 10, 5];
         let plan = plan_batches(&lengths, &b);
         let mut covered = 0;
@@ -422,9 +483,20 @@ mod tests {
         // One input longer than the budget still gets its own batch.
         assert_eq!(plan_batches(&[500, 3], &b), vec![0..1, 1..2]);
         // A long input is not padded against many short ones: 1×160 + 20×10 beats 21×160.
-        let b = Batching { batch_tokens: 100_000, max_batch: 128, linger: Duration::ZERO };
+        let b = Batching {
+            batch_tokens: 100_000,
+            max_batch: 128,
+            linger: Duration::ZERO,
+            run_overhead: RUN_OVERHEAD_TOKENS,
+        };
         let mut lengths = vec![160];
         lengths.extend([10; 20]);
         assert_eq!(plan_batches(&lengths, &b), vec![0..1, 1..21]);
+        // Where a run costs more than the padding (a GPU), a 40-token input is batched with short ones; on the CPU
+        // it is not.
+        lengths[0] = 40;
+        assert_eq!(plan_batches(&lengths, &b), vec![0..1, 1..21]);
+        let b = Batching { run_overhead: GPU_RUN_OVERHEAD_TOKENS, ..b };
+        assert_eq!(plan_batches(&lengths, &b), vec![0..21]);
     }
 }

