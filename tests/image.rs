@@ -42,7 +42,11 @@ fn image() -> Option<&'static str> {
         let missing: Vec<&str> = ["podman", "runc", "mmdebstrap"]
             .into_iter()
             .filter(|t| {
-                !Command::new("sh").arg("-c").arg(format!("command -v {t}")).status().is_ok_and(|s| s.success())
+                !Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("command -v {t} >/dev/null"))
+                    .status()
+                    .is_ok_and(|s| s.success())
             })
             .collect();
         if !missing.is_empty() {
