@@ -15,6 +15,7 @@ SHARED ?= ../shared
 
 HELM_SDK_VERSION := 0.2.2
 NOIDA_VERSION := 0.2.3
+FHIRSNAKE_VERSION := 1.1.0
 PYYAML_VERSION := 6.0.2
 
 .PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss kafka model chaos
@@ -54,7 +55,7 @@ model:
 
 # Real components for the tests: Debian's openssl (the TLS store test makes its CA) and prometheus (promtool +
 # server), PyPI helm-python-sdk (the Helm library) in .tools/helm, and PyPI noida-db (a Kafka-protocol broker
-# binary) in .tools/noida. Skipped when already present; needs root for apt-get (the build machines run as root;
+# binary) in .tools/noida, PyPI fhirsnake (a FHIR server serving resources from files) in .tools/fhir. Skipped when already present; needs root for apt-get (the build machines run as root;
 # elsewhere install openssl and prometheus yourself — the prometheus tests say SKIPPED when it is missing).
 # `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests at another cluster with
 # CLINSTREAM_TEST_KAFKA=host:port.
@@ -73,6 +74,8 @@ tools:
 	    echo "warning: could not install podman/runc/mmdebstrap (Debian packages); the container tests need them"; }
 	@test -x .tools/noida/noida_db/noida-db || \
 	  python3 -m pip install -q --disable-pip-version-check --target .tools/noida noida-db==$(NOIDA_VERSION)
+	@test -f .tools/fhir/fhirsnake/main.py || \
+	  python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --target .tools/fhir fhirsnake==$(FHIRSNAKE_VERSION)
 
 lint:
 	$(CARGO) fmt --check
@@ -81,7 +84,7 @@ lint:
 # The store tests start a real Qdrant server from ../shared/tools/qdrant/qdrant-server (or CLINSTREAM_QDRANT_SERVER;
 # QDRANT_URL for an external one) and fail, not skip, when there is none.
 unit:
-	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 $(CARGO) test --locked
+	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 CLINSTREAM_REQUIRE_FHIR=1 $(CARGO) test --locked
 
 fmt:
 	$(CARGO) fmt

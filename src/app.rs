@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 use crate::ack::{Acks, Ledger};
 use crate::config::Settings;
 use crate::error::{DocError, ErrorCode, RunError, Stage};
+use crate::fhir::Fetcher;
 use crate::http::{self, Readiness};
 use crate::index::Indexer;
 use crate::kafka::{admin, registry};
@@ -31,7 +32,7 @@ use crate::sink::file::FileSink;
 use crate::sink::kafka::Output;
 use crate::source::file::{self, Input};
 use crate::source::{Record, kafka as kafka_source};
-use crate::stages::{Pipeline, Rejected};
+use crate::stages::{Pipeline, Rejected, Step};
 use crate::telemetry::metrics::metrics;
 
 /// What `clinstream run` was asked to do (file mode).
@@ -44,35 +45,50 @@ pub struct RunOptions {
     pub progress: bool,
 }
 
-/// The worker's work for one record: the text stages on the blocking pool, then (when indexing) chunks, vectors
-/// and points, awaited before the document counts as done.
+/// The worker's work for one record: the text stages on the blocking pool (with a fetch first when the note is
+/// only referenced), then (when indexing) chunks, vectors and points, awaited before the document counts as done.
 pub struct PipelineWork {
     pub pipeline: Arc<Pipeline>,
     pub indexer: Option<Arc<Indexer>>,
+    /// Fetches referenced attachments (`fhir.base_url` / `fhir.allowed_hosts` set); `None`: fetching is off.
+    pub fetcher: Option<Arc<Fetcher>>,
 }
 
 impl<R: Record> Work<R> for PipelineWork {
     fn spawn(&self, record: Arc<R>) -> JoinHandle<Result<Document, Rejected>> {
-        spawn_document(Arc::clone(&self.pipeline), self.indexer.clone(), move |p| p.process(record.payload()))
+        spawn_document(Arc::clone(&self.pipeline), self.indexer.clone(), self.fetcher.clone(), move |p| {
+            p.start(record.payload())
+        })
     }
 }
 
-/// One event's work as a task: the text stages on the blocking pool, then (when indexing) chunks, vectors and
-/// points, awaited before the document counts as done.
+/// One event's work as a task: the text stages on the blocking pool (a referenced attachment fetched in between),
+/// then (when indexing) chunks, vectors and points, awaited before the document counts as done.
 pub fn spawn_document(
     pipeline: Arc<Pipeline>,
     indexer: Option<Arc<Indexer>>,
-    process: impl FnOnce(&Pipeline) -> Result<Document, Rejected> + Send + 'static,
+    fetcher: Option<Arc<Fetcher>>,
+    start: impl FnOnce(&Pipeline) -> Result<Step, Rejected> + Send + 'static,
 ) -> JoinHandle<Result<Document, Rejected>> {
     tokio::spawn(async move {
-        let doc = match tokio::task::spawn_blocking(move || process(&pipeline)).await {
-            Ok(result) => result?,
-            Err(join_error) => {
-                error!(panic = join_error.is_panic(), "A stage failed unexpectedly.");
-                return Err(Rejected {
-                    error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
-                    doc_id: None,
-                });
+        let p = Arc::clone(&pipeline);
+        let step = on_blocking_pool(move || start(&p)).await?;
+        let doc = match step {
+            Step::Done(doc) => *doc,
+            Step::Fetch(pending) => {
+                let doc_id = Some(pending.doc_id().to_string());
+                let Some(fetcher) = fetcher else {
+                    // `decode.fetch_references` follows the same settings as the fetcher, so this is a bug.
+                    return Err(Rejected {
+                        error: DocError::new(ErrorCode::InternalError, Stage::Fetch, "no FHIR client to fetch with"),
+                        doc_id,
+                    });
+                };
+                let clock = Instant::now();
+                let fetched = fetcher.fetch(&pending.url).await.map_err(|error| Rejected { error, doc_id })?;
+                metrics().stage_duration.with_label_values(&["fetch"]).observe(clock.elapsed().as_secs_f64());
+                let p = Arc::clone(&pipeline);
+                on_blocking_pool(move || p.resume(pending, fetched)).await?
             }
         };
         let Some(indexer) = indexer else { return Ok(doc) };
@@ -85,6 +101,33 @@ pub fn spawn_document(
         // The indexing steps are done with it, so this is the only reference left.
         Ok(Arc::try_unwrap(doc).unwrap_or_else(|shared| (*shared).clone()))
     })
+}
+
+/// Runs a stage call on the blocking pool; a panic there becomes an `internal_error` dead letter.
+async fn on_blocking_pool<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Rejected> + Send + 'static,
+) -> Result<T, Rejected> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result,
+        Err(join_error) => {
+            error!(panic = join_error.is_panic(), "A stage failed unexpectedly.");
+            Err(Rejected {
+                error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
+                doc_id: None,
+            })
+        }
+    }
+}
+
+/// The FHIR client when fetching is on (`fhir.base_url` or `fhir.allowed_hosts`); a bad key or URL stops here.
+pub fn start_fetcher(settings: &Settings) -> Result<Option<Arc<Fetcher>>, RunError> {
+    if !settings.fhir.fetching() {
+        return Ok(None);
+    }
+    let fetcher = Fetcher::new(&settings.fhir, settings.decode.max_attachment_bytes)
+        .map_err(|e| RunError::Config(e.to_string()))?;
+    info!(smart = !settings.fhir.smart.token_url.is_empty(), "Fetching referenced attachments from FHIR.");
+    Ok(Some(Arc::new(fetcher)))
 }
 
 /// Starts the embedder and opens the store when indexing is on (`embed.enabled` and a store); sets build info.
@@ -212,6 +255,7 @@ pub async fn run_files(
     let readiness = start_health(settings).await?;
     let plan = file::plan(&opts.inputs)?;
     let pipeline = compile(settings)?;
+    let fetcher = start_fetcher(settings)?;
     let indexer = start_indexer(settings, &pipeline).await?;
     start_service(settings, &pipeline, indexer.as_ref(), &readiness).await?;
     let startup = startup.elapsed();
@@ -231,7 +275,7 @@ pub async fn run_files(
 
     let (tx, rx) = mpsc::channel::<file::Item>(settings.pipeline.source_channel);
     let mut reading = file::Reading::new(file::spawn(plan, settings.input.max_message_bytes, tx));
-    let work = PipelineWork { pipeline, indexer: indexer.clone() };
+    let work = PipelineWork { pipeline, indexer: indexer.clone(), fetcher };
     let mut acks = Acks::new(Arc::new(Ledger::default()), None);
     let opts = RunnerOptions {
         in_flight: settings.pipeline.in_flight,
@@ -283,6 +327,7 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
     let startup = Instant::now();
     let readiness = start_health(settings).await?;
     let pipeline = compile(settings)?;
+    let fetcher = start_fetcher(settings)?;
     let k = &settings.kafka;
     tokio::pin!(shutdown);
     let ledger = Arc::new(Ledger::default());
@@ -314,7 +359,7 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
         in_flight = settings.pipeline.in_flight,
         "Consuming from Kafka."
     );
-    let work = PipelineWork { pipeline, indexer: indexer.clone() };
+    let work = PipelineWork { pipeline, indexer: indexer.clone(), fetcher };
     let mut acks = Acks::new(ledger, Some(&k.dead_letters));
     let opts = RunnerOptions {
         in_flight: settings.pipeline.in_flight,

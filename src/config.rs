@@ -37,6 +37,7 @@ pub struct Settings {
     pub chunking: ChunkSettings,
     pub store: StoreSettings,
     pub serve: ServeSettings,
+    pub fhir: FhirSettings,
 }
 
 impl ServeSettings {
@@ -53,6 +54,49 @@ impl ServeSettings {
                 .into());
         }
         Ok(())
+    }
+}
+
+/// Fetching notes that DocumentReferences only reference (`attachment.url`): docs/intake.md.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FhirSettings {
+    /// Base URL relative references (`Binary/123`) resolve against; empty with no `allowed_hosts` = fetching off.
+    pub base_url: String,
+    /// Hosts (host or host:port) absolute attachment URLs may point at; the base URL's host is always allowed.
+    pub allowed_hosts: Vec<String>,
+    /// A static bearer token (`CLINSTREAM__FHIR__BEARER_TOKEN` from a Secret); empty = none (or SMART below).
+    pub bearer_token: Secret,
+    /// Per-request timeout (connect + response + body).
+    pub timeout_ms: u64,
+    /// Requests in flight at once per host.
+    pub max_per_host: usize,
+    /// Transient failures (connection errors, timeouts, 429, 5xx) are retried this long; then the worker halts.
+    pub halt_after_ms: u64,
+    pub smart: SmartSettings,
+}
+
+/// SMART Backend Services (client-credentials grant with a signed JWT assertion).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SmartSettings {
+    /// The authorization server's token endpoint; empty = SMART off.
+    pub token_url: String,
+    pub client_id: String,
+    /// PEM private key (PKCS#8 RSA or EC P-384) the assertion is signed with.
+    pub key_file: String,
+    /// `RS384` or `ES384`.
+    pub algorithm: String,
+    /// `kid` header of the assertion (the key's id in the registered JWK Set); empty = none.
+    pub key_id: String,
+    /// Scopes asked for.
+    pub scope: String,
+}
+
+impl FhirSettings {
+    /// Whether references are fetched at all.
+    pub fn fetching(&self) -> bool {
+        !self.base_url.trim().is_empty() || !self.allowed_hosts.is_empty()
     }
 }
 
@@ -516,7 +560,8 @@ impl Settings {
             .try_parsing(true)
             .list_separator(",")
             .with_list_parse_key("decode.content_type_preference")
-            .with_list_parse_key("kafka.topics");
+            .with_list_parse_key("kafka.topics")
+            .with_list_parse_key("fhir.allowed_hosts");
         if let Some(env) = env {
             environment = environment.source(Some(env.into_iter().collect()));
         }
@@ -572,10 +617,52 @@ impl Settings {
         self.validate_kafka(&mut problems);
         self.validate_embed(&mut problems);
         self.validate_serve(&mut problems);
+        self.validate_fhir(&mut problems);
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    fn validate_fhir(&self, problems: &mut Vec<String>) {
+        let f = &self.fhir;
+        let base = f.base_url.trim();
+        if !base.is_empty() {
+            let ok = http::Uri::try_from(base).ok().filter(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() && u.query().is_none()
+            });
+            if ok.is_none() {
+                problems.push(
+                    "fhir.base_url: must be an http(s) URL without a query (e.g. https://fhir.example.org/r4)".into(),
+                );
+            }
+        }
+        if f.allowed_hosts.iter().any(|h| h.trim().is_empty() || h.contains('/')) {
+            problems.push("fhir.allowed_hosts: each entry is a host or host:port, without scheme or path".into());
+        }
+        if f.timeout_ms == 0 || f.max_per_host == 0 || f.halt_after_ms == 0 {
+            problems.push("fhir.timeout_ms, fhir.max_per_host, fhir.halt_after_ms: must be at least 1".into());
+        }
+        let s = &f.smart;
+        if !s.token_url.trim().is_empty() {
+            if !matches!(
+                http::Uri::try_from(s.token_url.trim()).ok().and_then(|u| u.scheme_str().map(str::to_owned)).as_deref(),
+                Some("http" | "https")
+            ) {
+                problems.push("fhir.smart.token_url: must be an http(s) URL".into());
+            }
+            if s.client_id.trim().is_empty() || s.key_file.trim().is_empty() {
+                problems.push(
+                    "fhir.smart.client_id, fhir.smart.key_file: required when fhir.smart.token_url is set".into(),
+                );
+            }
+            if !matches!(s.algorithm.as_str(), "RS384" | "ES384") {
+                problems.push("fhir.smart.algorithm: must be RS384 or ES384".into());
+            }
+            if !f.bearer_token.expose().is_empty() {
+                problems.push("fhir.bearer_token: set either a static token or fhir.smart.token_url, not both".into());
+            }
+        }
     }
 
     fn validate_serve(&self, problems: &mut Vec<String>) {

@@ -30,6 +30,7 @@ pub enum Disposition {
 pub enum Stage {
     Source,
     Decode,
+    Fetch,
     Index,
     Sink,
 }
@@ -39,6 +40,7 @@ impl Stage {
         match self {
             Stage::Source => "source",
             Stage::Decode => "decode",
+            Stage::Fetch => "fetch",
             Stage::Index => "index",
             Stage::Sink => "sink",
         }
@@ -88,8 +90,15 @@ error_codes! {
     InvalidStatus => "invalid_status", DeadLetter, "`status` is not one of current, superseded, entered-in-error.";
     NoContent => "no_content", DeadLetter, "`content` is missing or empty.";
     EmptyAttachment => "empty_attachment", DeadLetter, "The chosen attachment has neither data nor url, or its data is empty.";
-    AttachmentByReference => "attachment_by_reference", DeadLetter, "The note is only available by `url`; fetching is not supported yet.";
-    UnsupportedContentType => "unsupported_content_type", DeadLetter, "No attachment has a text content type the worker can read (PDF, images, ...).";
+    AttachmentByReference => "attachment_by_reference", DeadLetter, "The note is only available by `url` and fetching is off (`fhir.base_url` and `fhir.allowed_hosts` unset).";
+    AttachmentHostNotAllowed => "attachment_host_not_allowed", DeadLetter, "`attachment.url` is absolute and its host is neither `fhir.base_url`'s nor in `fhir.allowed_hosts`, or it is not an http(s) URL or FHIR reference.";
+    AttachmentNotFound => "attachment_not_found", DeadLetter, "The FHIR server answered 404 or 410 for `attachment.url`.";
+    AttachmentFetchRefused => "attachment_fetch_refused", DeadLetter, "The FHIR server refused the fetch for a reason retrying cannot fix (another 4xx), or answered with a Binary resource that is not valid.";
+    UnsupportedContentType => "unsupported_content_type", DeadLetter, "No attachment has a content type the worker can read (images, ...).";
+    PdfNoText => "pdf_no_text", DeadLetter, "A PDF has no text layer (a scan); OCR is not done.";
+    PdfEncrypted => "pdf_encrypted", DeadLetter, "A PDF is encrypted.";
+    PdfMalformed => "pdf_malformed", DeadLetter, "A PDF cannot be parsed (truncated, broken cross-reference table or page tree).";
+    BundleWithoutDocuments => "bundle_without_documents", DeadLetter, "A Kafka message holds a FHIR Bundle with no DocumentReference entry.";
     MissingContentType => "missing_content_type", DeadLetter, "An attachment with inline data has no `contentType`.";
     InvalidBase64 => "invalid_base64", DeadLetter, "`attachment.data` is not standard-alphabet base64.";
     SizeMismatch => "size_mismatch", DeadLetter, "The decoded length differs from `attachment.size`.";
@@ -113,6 +122,8 @@ error_codes! {
     EmbedFailed => "embed_failed", Halt, "The embedding model failed (tokenizer, ONNX Runtime, GPU); the worker stops without committing.";
     StoreUnavailable => "store_unavailable", Halt, "The vector store stayed unavailable (or overloaded) for `store.halt_after_ms` despite retries; the worker stops without committing.";
     StoreFailed => "store_failed", Halt, "The vector store refused a write for a reason retrying cannot fix (wrong collection, bad request).";
+    FhirUnavailable => "fhir_unavailable", Halt, "The FHIR server (or its token endpoint) stayed unreachable, timed out, or answered 429/5xx for `fhir.halt_after_ms` despite retries; the worker stops without committing.";
+    FhirUnauthorized => "fhir_unauthorized", Halt, "The FHIR server answered 401/403, or the SMART token endpoint refused the client: a configuration error (token, client id, key, scopes); the worker stops without committing.";
     SourceIo => "source_io", Halt, "The input could not be read (file missing, permission, I/O error).";
     SinkIo => "sink_io", Halt, "An output could not be written.";
     ListenFailed => "listen_failed", Halt, "The metrics and health address (`metrics.addr`) could not be bound.";

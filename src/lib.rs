@@ -21,6 +21,8 @@
 //! * `store` — the vector store: Qdrant in-process (`qdrant-edge`) or a server (`qdrant-client`), and BM25.
 //! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
 //! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
+//! * `fhir` — the FHIR client: attachments fetched by reference (bearer or SMART Backend Services auth, retries,
+//!   per-host limits).
 //! * `source` — intakes: `file` (NDJSON, Bundles, Bulk FHIR, stdin) and `kafka` (consumer group).
 //! * `sink` — outputs: `file` (NDJSON files) and `kafka` (producer, dead letters, the commit step).
 //! * `ack` — the ack core: per-partition watermarks, assigned set, committed ledger, dead-letter guard.
@@ -42,6 +44,7 @@ pub mod config;
 pub mod embed;
 pub mod error;
 pub mod eval;
+pub mod fhir;
 pub mod http;
 pub mod index;
 pub mod kafka;

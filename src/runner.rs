@@ -329,7 +329,8 @@ where
                 true
             }
         };
-        if let Some((partition, offset)) = record.as_ref().and_then(|r| r.position()) {
+        if let Some((partition, offset)) = record.as_ref().filter(|r| r.completes_position()).and_then(|r| r.position())
+        {
             self.acks.finished(partition, offset);
         }
         self.acks.outcome(dead)
@@ -430,7 +431,12 @@ mod tests {
             b"{}"
         }
         fn origin(&self) -> Origin {
-            Origin::Kafka { topic: self.partition.0.clone(), partition: self.partition.1, offset: self.offset }
+            Origin::Kafka {
+                topic: self.partition.0.clone(),
+                partition: self.partition.1,
+                offset: self.offset,
+                entry: None,
+            }
         }
         fn position(&self) -> Option<(Partition, i64)> {
             Some((self.partition.clone(), self.offset))

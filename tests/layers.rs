@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "store",
     "index",
     "kafka",
+    "fhir",
     "ack",
     "source",
     "sink",

@@ -293,7 +293,7 @@ mod tests {
         let enc = Encoder::new(DLQ_SCHEMA, Framing::SingleObject).unwrap();
         let letter = DeadLetter {
             error: DocError::new(ErrorCode::InvalidJson, Stage::Decode, "expected value at line 1 column 1"),
-            origin: Origin::Kafka { topic: "in".into(), partition: 3, offset: 42 },
+            origin: Origin::Kafka { topic: "in".into(), partition: 3, offset: 42, entry: None },
             doc_id: None,
         };
         let original = b"\x00\xffnot json".to_vec();
@@ -312,7 +312,7 @@ mod tests {
         // The tools read either framing with the compiled schema; a foreign single-object fingerprint is refused.
         let letter = DeadLetter {
             error: DocError::new(ErrorCode::InvalidJson, Stage::Decode, "x"),
-            origin: Origin::Kafka { topic: "in".into(), partition: 0, offset: 1 },
+            origin: Origin::Kafka { topic: "in".into(), partition: 0, offset: 1, entry: None },
             doc_id: None,
         };
         let at = SourcePosition { topic: "in", partition: 0, offset: 1, timestamp_ms: None };

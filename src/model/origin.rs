@@ -26,8 +26,14 @@ pub enum Origin {
         #[serde(skip_serializing_if = "Option::is_none")]
         entry: Option<usize>,
     },
-    /// A Kafka record.
-    Kafka { topic: Arc<str>, partition: i32, offset: i64 },
+    /// A Kafka record; `entry` is the Bundle entry index when the record held a Bundle.
+    Kafka {
+        topic: Arc<str>,
+        partition: i32,
+        offset: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        entry: Option<usize>,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -35,7 +41,12 @@ impl fmt::Display for Origin {
         let (place, line, entry) = match self {
             Origin::File { path, line, entry } => (path.display().to_string(), line, entry),
             Origin::Stdin { line, entry } => ("<stdin>".to_string(), line, entry),
-            Origin::Kafka { topic, partition, offset } => return write!(f, "{topic}[{partition}]@{offset}"),
+            Origin::Kafka { topic, partition, offset, entry: None } => {
+                return write!(f, "{topic}[{partition}]@{offset}");
+            }
+            Origin::Kafka { topic, partition, offset, entry: Some(e) } => {
+                return write!(f, "{topic}[{partition}]@{offset} entry {e}");
+            }
         };
         write!(f, "{place}:{line}")?;
         if let Some(e) = entry {

@@ -42,6 +42,8 @@ pub mod headers {
     pub const SOURCE_PARTITION: &str = "clinstream.source.partition";
     pub const SOURCE_OFFSET: &str = "clinstream.source.offset";
     pub const WORKER_VERSION: &str = "clinstream.worker.version";
+    /// The entry index when the dead letter is one entry of a Bundle message (its value is that entry).
+    pub const BUNDLE_ENTRY: &str = "clinstream.bundle.entry";
 }
 
 /// Output records' labels (the `output` label of `clinstream_kafka_records_produced_total`).
@@ -220,6 +222,10 @@ impl Output {
             (headers::WORKER_VERSION, WORKER_VERSION),
         ] {
             hdrs = hdrs.insert(Header { key, value: Some(value) });
+        }
+        if let Some(entry) = &record.entry {
+            let index = entry.index.to_string();
+            hdrs = hdrs.insert(Header { key: headers::BUNDLE_ENTRY, value: Some(index.as_str()) });
         }
         let at = SourcePosition {
             topic: &record.topic,

@@ -23,7 +23,6 @@ use serde::de::IgnoredAny;
 use tokio::sync::mpsc;
 
 use super::{Envelope, IntakeControl, Origin, SourceError, SourceEvent};
-use crate::model::fhir::{Bundle, Probe};
 
 /// What one input argument names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,7 +280,7 @@ impl Reader {
 
     /// Sends one payload, unpacking it when it is a Bundle.
     fn emit(&mut self, payload: Vec<u8>, origin: Origin) -> Result<(), Stop> {
-        if let Some(resources) = bundle_entries(&payload) {
+        if let Some(resources) = super::bundle_entries(&payload) {
             for (entry, resource) in resources {
                 let origin = with_entry(&origin, entry);
                 match resource {
@@ -359,31 +358,6 @@ fn read_line_capped(input: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> 
     Ok((consumed, oversized))
 }
 
-/// When `payload` is a FHIR Bundle: each entry's resource bytes if it is a DocumentReference, `None` for
-/// entries of other types (or without a resource). `None` overall when the payload is not a (readable) Bundle.
-fn bundle_entries(payload: &[u8]) -> Option<Vec<(usize, Option<Vec<u8>>)>> {
-    if !payload.windows(6).any(|w| w == b"Bundle") {
-        return None;
-    }
-    let probe: Probe<'_> = serde_json::from_slice(payload).ok()?;
-    if probe.resource_type.as_deref() != Some("Bundle") {
-        return None;
-    }
-    let bundle: Bundle<'_> = serde_json::from_slice(payload).ok()?;
-    let is_document_reference = |raw: &serde_json::value::RawValue| {
-        serde_json::from_str::<Probe<'_>>(raw.get())
-            .is_ok_and(|p| p.resource_type.as_deref() == Some("DocumentReference"))
-    };
-    Some(
-        bundle
-            .entry
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (i, e.resource.filter(|r| is_document_reference(r)).map(|r| r.get().as_bytes().to_vec())))
-            .collect(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,11 +379,11 @@ mod tests {
     #[test]
     fn bundles_are_unpacked_and_other_resources_skipped() {
         let bundle = br#"{"resourceType":"Bundle","entry":[{"resource":{"resourceType":"Patient","id":"p"}},{"resource":{"resourceType":"DocumentReference","id":"d"}},{"fullUrl":"x"}]}"#;
-        let entries = bundle_entries(bundle).unwrap();
+        let entries = crate::source::bundle_entries(bundle).unwrap();
         assert_eq!(entries.len(), 3);
         assert_eq!(entries[0], (0, None));
         assert_eq!(entries[1].1.as_deref(), Some(&br#"{"resourceType":"DocumentReference","id":"d"}"#[..]));
         assert_eq!(entries[2], (2, None));
-        assert!(bundle_entries(br#"{"resourceType":"DocumentReference","id":"Bundle"}"#).is_none());
+        assert!(crate::source::bundle_entries(br#"{"resourceType":"DocumentReference","id":"Bundle"}"#).is_none());
     }
 }

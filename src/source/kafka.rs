@@ -43,12 +43,26 @@ pub struct KafkaRecord {
     pub topic: Arc<str>,
     pub partition: i32,
     pub offset: i64,
-    pub message: OwnedMessage,
+    pub message: Arc<OwnedMessage>,
+    /// Set when the message held a Bundle: this record is one DocumentReference entry of it.
+    pub entry: Option<BundleEntry>,
+}
+
+/// One DocumentReference entry of a Bundle message: its index, its bytes, and whether it is the message's last
+/// (only the last one finishes the offset, so the offset moves after every entry's outputs).
+#[derive(Debug)]
+pub struct BundleEntry {
+    pub index: usize,
+    pub payload: Vec<u8>,
+    pub last: bool,
 }
 
 impl KafkaRecord {
     pub fn payload(&self) -> &[u8] {
-        self.message.payload().unwrap_or_default()
+        match &self.entry {
+            Some(e) => &e.payload,
+            None => self.message.payload().unwrap_or_default(),
+        }
     }
     pub fn tp(&self) -> Tp {
         (self.topic.clone(), self.partition)
@@ -60,10 +74,18 @@ impl Record for KafkaRecord {
         KafkaRecord::payload(self)
     }
     fn origin(&self) -> Origin {
-        Origin::Kafka { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
+        Origin::Kafka {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset: self.offset,
+            entry: self.entry.as_ref().map(|e| e.index),
+        }
     }
     fn position(&self) -> Option<(Partition, i64)> {
         Some((self.tp(), self.offset))
+    }
+    fn completes_position(&self) -> bool {
+        self.entry.as_ref().is_none_or(|e| e.last)
     }
     fn counts_bytes(&self) -> bool {
         true
@@ -364,14 +386,33 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Ok(message)) => {
-                let message = message.detach();
-                let record = KafkaRecord {
-                    topic: ctx.topic(message.topic()),
-                    partition: message.partition(),
-                    offset: message.offset(),
-                    message,
+                let message = Arc::new(message.detach());
+                let topic = ctx.topic(message.topic());
+                let (partition, offset) = (message.partition(), message.offset());
+                let record = |entry| KafkaRecord {
+                    topic: topic.clone(),
+                    partition,
+                    offset,
+                    message: Arc::clone(&message),
+                    entry,
                 };
-                ctx.push(Intake::Record(record));
+                // A Bundle is unpacked into its DocumentReference entries; one without any goes on whole (and is
+                // dead-lettered as bundle_without_documents).
+                let entries = super::bundle_entries(message.payload().unwrap_or_default()).unwrap_or_default();
+                let documents = entries.iter().filter(|(_, r)| r.is_some()).count();
+                if documents == 0 {
+                    ctx.push(Intake::Record(record(None)));
+                    continue;
+                }
+                let mut seen = 0;
+                for (index, resource) in entries {
+                    let Some(payload) = resource else {
+                        ctx.push(Intake::SkippedResource);
+                        continue;
+                    };
+                    seen += 1;
+                    ctx.push(Intake::Record(record(Some(BundleEntry { index, payload, last: seen == documents }))));
+                }
             }
             Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) => {
                 warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %e, "Kafka poll error.");

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 pub use crate::error::SourceError;
 pub use crate::model::Origin;
 use crate::model::Partition;
+use crate::model::fhir::{Bundle, Probe};
 
 /// The bytes of one event and where they came from.
 #[derive(Debug, Clone)]
@@ -76,6 +77,11 @@ pub trait Record: Send + Sync + 'static {
     fn position(&self) -> Option<(Partition, i64)> {
         None
     }
+    /// Whether finishing this record finishes its position: false for all but the last entry of a Bundle
+    /// message, so the offset moves only after every entry's outputs.
+    fn completes_position(&self) -> bool {
+        true
+    }
     /// Whether the runner counts the payload as input bytes (sources without `Progress` events).
     fn counts_bytes(&self) -> bool {
         false
@@ -89,4 +95,29 @@ impl Record for Envelope {
     fn origin(&self) -> Origin {
         self.origin.clone()
     }
+}
+
+/// When `payload` is a FHIR Bundle: each entry's resource bytes if it is a DocumentReference, `None` for
+/// entries of other types (or without a resource). `None` overall when the payload is not a (readable) Bundle.
+pub fn bundle_entries(payload: &[u8]) -> Option<Vec<(usize, Option<Vec<u8>>)>> {
+    if !payload.windows(6).any(|w| w == b"Bundle") {
+        return None;
+    }
+    let probe: Probe<'_> = serde_json::from_slice(payload).ok()?;
+    if probe.resource_type.as_deref() != Some("Bundle") {
+        return None;
+    }
+    let bundle: Bundle<'_> = serde_json::from_slice(payload).ok()?;
+    let is_document_reference = |raw: &serde_json::value::RawValue| {
+        serde_json::from_str::<Probe<'_>>(raw.get())
+            .is_ok_and(|p| p.resource_type.as_deref() == Some("DocumentReference"))
+    };
+    Some(
+        bundle
+            .entry
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, e.resource.filter(|r| is_document_reference(r)).map(|r| r.get().as_bytes().to_vec())))
+            .collect(),
+    )
 }

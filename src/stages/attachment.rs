@@ -12,11 +12,18 @@ use sha1::Digest as _;
 
 use crate::error::{DocError, ErrorCode};
 pub use crate::stages::charset::{decode_charset, windows_1252};
-use crate::stages::{html, rtf};
+use crate::stages::{html, pdf, rtf};
 
 /// Content types the worker reads, lower-case, without parameters.
-pub const SUPPORTED_CONTENT_TYPES: &[&str] =
-    &["text/plain", "text/markdown", "text/html", "application/xhtml+xml", "text/rtf", "application/rtf"];
+pub const SUPPORTED_CONTENT_TYPES: &[&str] = &[
+    "text/plain",
+    "text/markdown",
+    "text/html",
+    "application/xhtml+xml",
+    "text/rtf",
+    "application/rtf",
+    "application/pdf",
+];
 
 /// A parsed `contentType`: the essence (`text/plain`) and the charset parameter, both lower-case.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +138,8 @@ pub fn to_text(media: &MediaType, bytes: &[u8]) -> Result<(String, &'static str)
     let (text, charset) = match media.essence.as_str() {
         // RTF is 7-bit with its own escapes; the charset parameter, if any, is irrelevant.
         "text/rtf" | "application/rtf" => (rtf::to_text(bytes)?, "rtf"),
+        // A PDF's text layer is Unicode already (fonts' encodings and ToUnicode maps).
+        "application/pdf" => (pdf::to_text(bytes)?, "pdf"),
         _ => decode_charset(bytes, media.charset.as_deref())?,
     };
     if text.contains('\0') {

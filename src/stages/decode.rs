@@ -24,6 +24,8 @@ pub struct DecodeParams {
     pub max_attachment_bytes: usize,
     pub content_type_preference: Vec<String>,
     pub verify_hash: bool,
+    /// Choose attachments that have only a `url` (`fhir.base_url` or `fhir.allowed_hosts` set).
+    pub fetch_references: bool,
 }
 
 impl DecodeParams {
@@ -33,6 +35,7 @@ impl DecodeParams {
             max_attachment_bytes: s.decode.max_attachment_bytes,
             content_type_preference: s.decode.content_type_preference.iter().map(|c| c.to_ascii_lowercase()).collect(),
             verify_hash: s.decode.verify_hash,
+            fetch_references: s.fhir.fetching(),
         }
     }
 }
@@ -70,6 +73,12 @@ pub fn parse(bytes: &[u8], p: &DecodeParams) -> Result<DocumentReference, DocErr
     match probe.resource_type.as_deref() {
         None => return Err(DocError::decode(ErrorCode::MissingResourceType, "the object has no resourceType")),
         Some("DocumentReference") => {}
+        Some("Bundle") => {
+            return Err(DocError::decode(
+                ErrorCode::BundleWithoutDocuments,
+                "the event is a Bundle with no readable DocumentReference entry",
+            ));
+        }
         Some(_) => {
             return Err(DocError::decode(ErrorCode::WrongResourceType, "resourceType is not DocumentReference"));
         }
@@ -112,10 +121,52 @@ pub fn is_valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
-/// Applies the DocumentReference rules and decodes the chosen attachment.
+/// What decoding a DocumentReference leads to: its note, or a fetch of the chosen attachment's `url` first.
+#[derive(Debug)]
+pub enum Decoded {
+    Note(Box<Note>),
+    Fetch(Box<Pending>),
+}
+
+/// A DocumentReference whose chosen attachment is only referenced: what the fetch needs (`url`) and what
+/// `complete` needs afterwards. Holds no fetched content.
+#[derive(Debug)]
+pub struct Pending {
+    doc: DocumentReference,
+    index: usize,
+    attachment: Attachment,
+    /// `attachment.url` as written (a FHIR reference such as `Binary/123`, or an absolute URL).
+    pub url: String,
+}
+
+impl Pending {
+    pub fn doc_id(&self) -> &str {
+        self.doc.id.as_deref().unwrap_or_default()
+    }
+}
+
+/// The body a fetch returned: the response's bytes and its `Content-Type` header.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub body: Vec<u8>,
+    pub content_type: Option<String>,
+}
+
+/// Applies the DocumentReference rules and decodes the chosen attachment (inline data only: a referenced one is
+/// `attachment_by_reference`). The worker's path is `start` + `complete`.
 pub fn note_from(doc: DocumentReference, p: &DecodeParams) -> Result<Note, DocError> {
-    let doc_id = doc.id.ok_or_else(|| DocError::decode(ErrorCode::MissingId, "DocumentReference has no id"))?;
-    if !is_valid_id(&doc_id) {
+    match start(doc, p)? {
+        Decoded::Note(note) => Ok(*note),
+        Decoded::Fetch(_) => Err(by_reference()),
+    }
+}
+
+/// Applies the DocumentReference rules and chooses the attachment: decodes it when inline, or says what to fetch
+/// (only with `decode.fetch_references`).
+pub fn start(mut doc: DocumentReference, p: &DecodeParams) -> Result<Decoded, DocError> {
+    let doc_id =
+        doc.id.as_deref().ok_or_else(|| DocError::decode(ErrorCode::MissingId, "DocumentReference has no id"))?;
+    if !is_valid_id(doc_id) {
         return Err(DocError::decode(ErrorCode::InvalidId, "id does not match [A-Za-z0-9-.]{1,64}"));
     }
     if let Some(status) = doc.status.as_deref()
@@ -126,16 +177,100 @@ pub fn note_from(doc: DocumentReference, p: &DecodeParams) -> Result<Note, DocEr
             "status is not one of current, superseded, entered-in-error",
         ));
     }
-    let (index, att) = choose_attachment(&doc.content, p)?;
-    let media = MediaType::parse(att.content_type.as_deref().unwrap_or(""));
-    let data = att.data.as_deref().unwrap_or("");
-    let bytes = attachment::decode_base64(data, p.max_attachment_bytes)?;
+    let (index, by_url) = choose_attachment(&doc.content, p)?;
+    let attachment = doc.content[index].attachment.take().expect("the chosen content has an attachment");
+    if by_url {
+        let url = attachment.url.clone().unwrap_or_default();
+        return Ok(Decoded::Fetch(Box::new(Pending { doc, index, attachment, url })));
+    }
+    let media = MediaType::parse(attachment.content_type.as_deref().unwrap_or(""));
+    let bytes = attachment::decode_base64(attachment.data.as_deref().unwrap_or(""), p.max_attachment_bytes)?;
     if bytes.is_empty() {
         return Err(DocError::decode(ErrorCode::EmptyAttachment, format!("content[{index}].attachment.data is empty")));
     }
-    let hash_verified = attachment::verify(&bytes, att.size, att.hash.as_deref(), p.verify_hash)?;
-    let (text, charset) = attachment::to_text(&media, &bytes)?;
+    finish(doc, index, &attachment, media, &bytes, p).map(|n| Decoded::Note(Box::new(n)))
+}
 
+/// Decodes a fetched attachment: a FHIR `Binary` resource (base64 `data`, `contentType`) when the server answered
+/// with FHIR JSON, the raw bytes otherwise; then the same size, hash and text rules as inline data.
+pub fn complete(pending: Pending, fetched: Fetched, p: &DecodeParams) -> Result<Note, DocError> {
+    let Pending { doc, index, attachment, .. } = pending;
+    let header = fetched.content_type.as_deref().map(MediaType::parse);
+    let declared = attachment.content_type.as_deref();
+    let is_fhir_json =
+        header.as_ref().is_some_and(|h| h.essence == "application/fhir+json" || h.essence == "application/json");
+    let (bytes, content_type) = if is_fhir_json {
+        binary_resource(&fetched.body, p)?
+    } else {
+        if fetched.body.len() > p.max_attachment_bytes {
+            return Err(too_large(fetched.body.len(), p.max_attachment_bytes));
+        }
+        // A raw body's own type, unless the server only says "bytes".
+        let ct = fetched.content_type.filter(|c| MediaType::parse(c).essence != "application/octet-stream");
+        (fetched.body, ct)
+    };
+    let content_type = content_type.or_else(|| declared.map(str::to_string));
+    let media = MediaType::parse(content_type.as_deref().unwrap_or(""));
+    if content_type.is_none() {
+        return Err(DocError::decode(ErrorCode::MissingContentType, "the fetched attachment has no content type"));
+    }
+    if !media.is_supported() {
+        return Err(DocError::decode(
+            ErrorCode::UnsupportedContentType,
+            format!("the fetched attachment is {}, which the worker does not read", media.essence),
+        ));
+    }
+    if bytes.is_empty() {
+        return Err(DocError::decode(
+            ErrorCode::EmptyAttachment,
+            format!("content[{index}].attachment.url holds no data"),
+        ));
+    }
+    finish(doc, index, &attachment, media, &bytes, p)
+}
+
+/// A FHIR `Binary` resource's bytes and content type.
+fn binary_resource(body: &[u8], p: &DecodeParams) -> Result<(Vec<u8>, Option<String>), DocError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Binary {
+        resource_type: Option<String>,
+        content_type: Option<String>,
+        data: Option<String>,
+    }
+    let refused = |why: &str| DocError::new(ErrorCode::AttachmentFetchRefused, crate::error::Stage::Fetch, why);
+    let binary: Binary = serde_json::from_slice(body)
+        .map_err(|_| refused("the server answered FHIR JSON that is not a Binary resource"))?;
+    if binary.resource_type.as_deref() != Some("Binary") {
+        return Err(refused("the server answered a resource other than Binary"));
+    }
+    let bytes = attachment::decode_base64(binary.data.as_deref().unwrap_or(""), p.max_attachment_bytes)?;
+    Ok((bytes, binary.content_type))
+}
+
+fn too_large(len: usize, max: usize) -> DocError {
+    DocError::decode(ErrorCode::AttachmentTooLarge, format!("attachment is {len} bytes; the limit is {max}"))
+}
+
+fn by_reference() -> DocError {
+    DocError::decode(
+        ErrorCode::AttachmentByReference,
+        "the note is only available by attachment.url and fetching is off (fhir.base_url unset)",
+    )
+}
+
+/// The rules after the bytes are known (inline or fetched): size/hash, text, and the note's fields.
+fn finish(
+    doc: DocumentReference,
+    index: usize,
+    att: &Attachment,
+    media: MediaType,
+    bytes: &[u8],
+    p: &DecodeParams,
+) -> Result<Note, DocError> {
+    let hash_verified = attachment::verify(bytes, att.size, att.hash.as_deref(), p.verify_hash)?;
+    let (text, charset) = attachment::to_text(&media, bytes)?;
+    let doc_id = doc.id.unwrap_or_default();
     let entered_in_error = doc.status.as_deref() == Some("entered-in-error");
     let (version, last_updated) = match doc.meta {
         Some(m) => (m.version_id, m.last_updated),
@@ -177,35 +312,43 @@ pub fn note_from(doc: DocumentReference, p: &DecodeParams) -> Result<Note, DocEr
     })
 }
 
-/// Picks the attachment to read: the first preferred content type that has inline data. When none qualifies,
-/// says why, most specific reason first.
-fn choose_attachment<'a>(
-    content: &'a [crate::model::fhir::Content],
-    p: &DecodeParams,
-) -> Result<(usize, &'a Attachment), DocError> {
+/// Picks the attachment to read: for each preferred content type in order, an attachment with inline data, then
+/// (when fetching) one with only a `url`; then a `url`-only attachment without a content type (its type is known
+/// once fetched). Returns the index and whether it must be fetched. When none qualifies, says why, most specific
+/// reason first.
+fn choose_attachment(content: &[crate::model::fhir::Content], p: &DecodeParams) -> Result<(usize, bool), DocError> {
     let attachments: Vec<(usize, &Attachment)> =
         content.iter().enumerate().filter_map(|(i, c)| c.attachment.as_ref().map(|a| (i, a))).collect();
     if attachments.is_empty() {
         return Err(DocError::decode(ErrorCode::NoContent, "content is missing or holds no attachment"));
     }
     let has_data = |a: &Attachment| a.data.as_deref().is_some_and(|d| !d.trim().is_empty());
+    let by_url = |a: &Attachment| !has_data(a) && a.url.as_deref().is_some_and(|u| !u.trim().is_empty());
+    let is = |a: &Attachment, preferred: &str| {
+        a.content_type.as_deref().is_some_and(|ct| MediaType::parse(ct).essence == *preferred)
+    };
     for preferred in &p.content_type_preference {
-        if let Some(found) = attachments.iter().find(|(_, a)| {
-            has_data(a) && a.content_type.as_deref().is_some_and(|ct| MediaType::parse(ct).essence == *preferred)
-        }) {
-            return Ok(*found);
+        if let Some((i, _)) = attachments.iter().find(|(_, a)| has_data(a) && is(a, preferred)) {
+            return Ok((*i, false));
         }
+        if p.fetch_references
+            && let Some((i, _)) = attachments.iter().find(|(_, a)| by_url(a) && is(a, preferred))
+        {
+            return Ok((*i, true));
+        }
+    }
+    if p.fetch_references
+        && let Some((i, _)) = attachments.iter().find(|(_, a)| by_url(a) && a.content_type.is_none())
+    {
+        return Ok((*i, true));
     }
     if attachments.iter().any(|(_, a)| has_data(a) && a.content_type.is_none()) {
         return Err(DocError::decode(ErrorCode::MissingContentType, "an attachment has data but no contentType"));
     }
-    if attachments.iter().any(|(_, a)| !has_data(a) && a.url.is_some()) {
-        return Err(DocError::decode(
-            ErrorCode::AttachmentByReference,
-            "the note is only available by attachment.url; fetching is not supported",
-        ));
+    if !p.fetch_references && attachments.iter().any(|(_, a)| by_url(a)) {
+        return Err(by_reference());
     }
-    if attachments.iter().any(|(_, a)| has_data(a)) {
+    if attachments.iter().any(|(_, a)| has_data(a) || by_url(a)) {
         return Err(DocError::decode(
             ErrorCode::UnsupportedContentType,
             format!("no attachment has a readable content type (reads: {})", p.content_type_preference.join(", ")),

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod html;
 pub mod kg;
 pub mod mentions;
+pub mod pdf;
 pub mod rtf;
 pub mod sections;
 pub mod sentences;
@@ -151,17 +152,53 @@ impl Pipeline {
         Document { note, sections, sentences, mentions, variables, kg: delta, timings }
     }
 
-    /// Runs every stage over one event.
+    /// Runs every stage over one event whose note is inline (a referenced one is `attachment_by_reference`).
     pub fn process(&self, bytes: &[u8]) -> Result<Document, Rejected> {
+        match self.start(bytes)? {
+            Step::Done(doc) => Ok(*doc),
+            Step::Fetch(pending) => Err(Rejected {
+                error: DocError::decode(
+                    crate::error::ErrorCode::AttachmentByReference,
+                    "the note is only available by attachment.url and this command does not fetch",
+                ),
+                doc_id: Some(pending.doc_id().to_string()),
+            }),
+        }
+    }
+
+    /// Runs the stages over one event as far as they go without I/O: to the document, or to the fetch of a
+    /// referenced attachment (the worker fetches, then calls `resume`).
+    pub fn start(&self, bytes: &[u8]) -> Result<Step, Rejected> {
         let clock = std::time::Instant::now();
         let doc = decode::parse(bytes, &self.decode).map_err(|error| Rejected { error, doc_id: None })?;
         let doc_id = doc.id.clone().filter(|id| decode::is_valid_id(id));
-        let note = decode::note_from(doc, &self.decode).map_err(|error| Rejected { error, doc_id })?;
+        let note = match decode::start(doc, &self.decode).map_err(|error| Rejected { error, doc_id })? {
+            decode::Decoded::Note(note) => *note,
+            decode::Decoded::Fetch(pending) => return Ok(Step::Fetch(pending)),
+        };
+        let decode = clock.elapsed();
+        let mut doc = self.analyse(note);
+        doc.timings.decode = decode;
+        Ok(Step::Done(Box::new(doc)))
+    }
+
+    /// The stages after a fetch: the fetched body decoded by the same rules as inline data, then the text stages.
+    pub fn resume(&self, pending: Box<decode::Pending>, fetched: decode::Fetched) -> Result<Document, Rejected> {
+        let clock = std::time::Instant::now();
+        let doc_id = Some(pending.doc_id().to_string());
+        let note = decode::complete(*pending, fetched, &self.decode).map_err(|error| Rejected { error, doc_id })?;
         let decode = clock.elapsed();
         let mut doc = self.analyse(note);
         doc.timings.decode = decode;
         Ok(doc)
     }
+}
+
+/// How far `Pipeline::start` got.
+#[derive(Debug)]
+pub enum Step {
+    Done(Box<Document>),
+    Fetch(Box<decode::Pending>),
 }
 
 #[cfg(test)]

@@ -47,12 +47,16 @@ pub const NAMES: &[&str] = &[
     STORE_MAINTENANCE_DURATION,
     API_REQUESTS,
     API_DURATION,
+    FHIR_FETCHES,
+    FHIR_FETCH_DURATION,
 ];
 
 /// Series that exist only per assigned Kafka partition (none in file mode, none before an assignment);
 /// `tests/kafka.rs` reads them back from a Kafka-mode worker.
 pub const PER_PARTITION: &[&str] = &[CONSUMER_LAG, KAFKA_COMMITTED_OFFSET];
 
+pub const FHIR_FETCHES: &str = "clinstream_fhir_fetches_total";
+pub const FHIR_FETCH_DURATION: &str = "clinstream_fhir_fetch_duration_seconds";
 pub const API_REQUESTS: &str = "clinstream_api_requests_total";
 pub const API_DURATION: &str = "clinstream_api_request_duration_seconds";
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
@@ -139,7 +143,16 @@ pub struct Metrics {
     pub api_requests: IntCounterVec,
     /// `route`: context | search. Time from request to response, auth and queueing included.
     pub api_duration: HistogramVec,
+    /// `outcome`: one of `FETCH_OUTCOMES`. Attachment fetches by reference, each attempt counted.
+    pub fhir_fetches: IntCounterVec,
+    /// Time of one fetch attempt (connection, response and body), whatever its outcome.
+    pub fhir_fetch_duration: Histogram,
 }
+
+/// Every `outcome` of `clinstream_fhir_fetches_total`: `ok`; `not_found` (404/410); `refused` (another 4xx, or
+/// not a Binary); `too_large`; `retried` (connection error, timeout, 429, 5xx — retried); `unauthorized`
+/// (401/403, token refused); `token` (a SMART access token fetched).
+pub const FETCH_OUTCOMES: &[&str] = &["ok", "not_found", "refused", "too_large", "retried", "unauthorized", "token"];
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
     r.register(Box::new(m.clone())).expect("metric names are unique");
@@ -341,6 +354,22 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            fhir_fetches: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(FHIR_FETCHES, "Attachment fetches by reference, by outcome."),
+                    &["outcome"],
+                )
+                .unwrap(),
+            ),
+            fhir_fetch_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(FHIR_FETCH_DURATION, "Time per attachment fetch attempt.")
+                        .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
+                )
+                .unwrap(),
+            ),
             registry: r,
         }
     }
@@ -356,7 +385,7 @@ impl Metrics {
 /// Every `stage` label of `clinstream_stage_duration_seconds`: the text stages (`Timings::stages`), the outputs
 /// side (`sink`), indexing as a whole (`index`) and its parts (`embed`, `qdrant`).
 pub const STAGES: &[&str] =
-    &["decode", "sections", "sentences", "entities", "variables", "kg", "sink", "index", "embed", "qdrant"];
+    &["decode", "fetch", "sections", "sentences", "entities", "variables", "kg", "sink", "index", "embed", "qdrant"];
 
 /// The process-wide metrics. Label sets known in advance are created at zero, so dashboards and alerts see
 /// every series (e.g. `clinstream_kafka_commits_total{outcome="failed"} 0`) before the first event.
@@ -393,6 +422,9 @@ pub fn metrics() -> &'static Metrics {
         }
         for kind in EntityKind::ALL {
             m.mentions.with_label_values(&[kind.as_str()]);
+        }
+        for outcome in FETCH_OUTCOMES {
+            m.fhir_fetches.with_label_values(&[outcome]);
         }
         for route in ["context", "search"] {
             m.api_duration.with_label_values(&[route]);

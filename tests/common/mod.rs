@@ -2,6 +2,7 @@
 //! loopback HTTP and metrics parsing, and the malformed-event corpus.
 #![allow(dead_code)]
 
+pub mod fhir;
 pub mod proxy;
 pub mod qdrant;
 
