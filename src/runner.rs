@@ -424,6 +424,9 @@ mod tests {
         offset: i64,
         work_ms: u64,
         outcome: Outcome,
+        /// This record is entry `part` of `parts` unpacked from one message (a Bundle); 1 part otherwise.
+        part: usize,
+        parts: usize,
     }
 
     impl Record for FakeRecord {
@@ -441,17 +444,23 @@ mod tests {
         fn position(&self) -> Option<(Partition, i64)> {
             Some((self.partition.clone(), self.offset))
         }
+        fn completes_position(&self) -> bool {
+            self.part + 1 == self.parts
+        }
     }
+
+    /// A record's identity in the log: partition, offset, part.
+    type Key = (Partition, i64, usize);
 
     /// What happened, shared by the fakes.
     #[derive(Default)]
     struct Log {
         /// Work finished (the task returned).
-        finished: HashSet<(Partition, i64)>,
+        finished: HashSet<Key>,
         /// Outputs handed to the outputs side, not yet durable.
-        handed: Vec<(Partition, i64)>,
+        handed: Vec<Key>,
         /// Outputs made durable by a checkpoint.
-        durable: HashSet<(Partition, i64)>,
+        durable: HashSet<Key>,
         /// Every commit: (partition, next offset).
         commits: Vec<(Partition, i64)>,
         /// Offsets below a commit that were, at the moment of that commit, unfinished or not durable.
@@ -490,7 +499,7 @@ mod tests {
             let log = Arc::clone(&self.0);
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(record.work_ms)).await;
-                log.lock().unwrap().finished.insert((record.partition.clone(), record.offset));
+                log.lock().unwrap().finished.insert((record.partition.clone(), record.offset, record.part));
                 let reject = |code| Err(Rejected { error: DocError::new(code, Stage::Index, "fake"), doc_id: None });
                 match record.outcome {
                     Outcome::Written => Ok(document()),
@@ -504,15 +513,16 @@ mod tests {
     struct FakeOutputs {
         log: Arc<Mutex<Log>>,
         durable_after: Duration,
-        /// Every record's position, to check each commit against the state at that moment.
-        positions: Vec<(Partition, i64)>,
+        /// Every message's position and its number of parts, to check each commit against the state at that moment.
+        positions: Vec<(Partition, i64, usize)>,
     }
 
     impl FakeOutputs {
         fn hand(&self, record: &FakeRecord) {
             let log = &mut self.log.lock().unwrap();
-            assert!(log.finished.contains(&(record.partition.clone(), record.offset)), "outputs of unfinished work");
-            log.handed.push((record.partition.clone(), record.offset));
+            let key = (record.partition.clone(), record.offset, record.part);
+            assert!(log.finished.contains(&key), "outputs of unfinished work");
+            log.handed.push(key);
         }
     }
 
@@ -533,8 +543,13 @@ mod tests {
             let handed = std::mem::take(&mut log.handed);
             log.durable.extend(handed);
             for (p, next) in &batch {
-                for below in self.positions.iter().filter(|(rp, o)| rp == p && o < next) {
-                    if !log.finished.contains(below) || !log.durable.contains(below) {
+                for (bp, bo, parts) in self.positions.iter().filter(|(rp, o, _)| rp == p && o < next) {
+                    let below = (bp, bo);
+                    let done = |part: usize| {
+                        let key = (bp.clone(), *bo, part);
+                        log.finished.contains(&key) && log.durable.contains(&key)
+                    };
+                    if !(0..*parts).all(done) {
                         let v = format!("commit {p:?}@{next} passed {below:?} (finished or durable: not yet)");
                         log.violations.push(v);
                     }
@@ -568,7 +583,7 @@ mod tests {
 
     /// Runs one case; returns the log, the records, and the runner's result.
     fn run_case(
-        events: Vec<(i32, u64, Outcome)>,
+        events: Vec<(i32, u64, Outcome, usize)>,
         revoke_every: usize,
         in_flight: usize,
     ) -> (Log, Vec<Position>, Result<(), RunError>) {
@@ -581,14 +596,16 @@ mod tests {
             let (tx, rx) = mpsc::channel(4);
             let mut next: BTreeMap<i32, i64> = BTreeMap::new();
             let mut records = Vec::new();
-            for (p, _, outcome) in &events {
+            for (p, _, outcome, _) in &events {
                 let offset = next.entry(*p).or_insert(0);
                 records.push((partition(*p), *offset, *outcome));
                 *offset += 1;
             }
+            let parts_of: Vec<usize> = events.iter().map(|e| e.3.max(1)).collect();
             let feed = records.clone();
             let feed_ledger = Arc::clone(&ledger);
             let works: Vec<u64> = events.iter().map(|e| e.1).collect();
+            let feed_parts = parts_of.clone();
             let intake = tokio::spawn(async move {
                 for (i, ((p, offset, outcome), work_ms)) in feed.into_iter().zip(works).enumerate() {
                     if revoke_every > 0 && i > 0 && i % revoke_every == 0 {
@@ -608,14 +625,20 @@ mod tests {
                         feed_ledger.assign(&all);
                         let _ = tx.send(Intake::Assigned(all)).await;
                     }
-                    let record = FakeRecord { partition: p, offset, work_ms, outcome };
-                    if tx.send(Intake::Record(record)).await.is_err() {
-                        return;
+                    // A message's parts go in one run (the Kafka intake pushes a Bundle's entries together);
+                    // earlier parts take longer, so later ones finish first.
+                    let parts = feed_parts[i];
+                    for part in 0..parts {
+                        let work_ms = work_ms + 5 * (parts - 1 - part) as u64;
+                        let record = FakeRecord { partition: p.clone(), offset, work_ms, outcome, part, parts };
+                        if tx.send(Intake::Record(record)).await.is_err() {
+                            return;
+                        }
                     }
                 }
             });
             let work = FakeWork(Arc::clone(&log));
-            let positions = records.iter().map(|(p, o, _)| (p.clone(), *o)).collect();
+            let positions = records.iter().zip(&parts_of).map(|((p, o, _), n)| (p.clone(), *o, *n)).collect();
             let mut outputs = FakeOutputs { log: Arc::clone(&log), durable_after: Duration::from_millis(3), positions };
             let mut acks = Acks::new(ledger, None);
             let opts = RunnerOptions {
@@ -631,9 +654,10 @@ mod tests {
         })
     }
 
-    fn event() -> impl Strategy<Value = (i32, u64, Outcome)> {
+    fn event() -> impl Strategy<Value = (i32, u64, Outcome, usize)> {
         let outcome = prop_oneof![8 => Just(Outcome::Written), 2 => Just(Outcome::Dead), 1 => Just(Outcome::Halt)];
-        (0..3i32, 0..40u64, outcome)
+        let parts = prop_oneof![6 => Just(1usize), 2 => Just(2usize), 1 => Just(4usize)];
+        (0..3i32, 0..40u64, outcome, parts)
     }
 
     proptest! {
@@ -673,12 +697,24 @@ mod tests {
     #[test]
     fn the_front_waits_for_a_slow_document_before_later_ones_commit() {
         // Offset 0 takes 100 ms, offsets 1..5 take 1 ms: no commit may pass offset 0 before it is done.
-        let mut events = vec![(0, 100, Outcome::Written)];
-        events.extend((0..5).map(|_| (0, 1, Outcome::Written)));
+        let mut events = vec![(0, 100, Outcome::Written, 1)];
+        events.extend((0..5).map(|_| (0, 1, Outcome::Written, 1)));
         let (log, _, result) = run_case(events, 0, 8);
         result.unwrap();
         assert!(log.violations.is_empty(), "{:?}", log.violations);
         assert_eq!(log.commits.iter().map(|c| c.1).max(), Some(6));
         assert!(log.commits.iter().all(|c| c.1 == 6), "the only commit is after the slow front: {:?}", log.commits);
+    }
+
+    #[test]
+    fn a_bundle_offset_waits_for_its_slowest_entry() {
+        // Offset 0 is a Bundle of 4 entries (the first is slowest); offset 1 is quick: no commit passes offset 0
+        // until every entry of it is done and durable.
+        let events = vec![(0, 60, Outcome::Written, 4), (0, 1, Outcome::Written, 1)];
+        let (log, _, result) = run_case(events, 0, 8);
+        result.unwrap();
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert_eq!(log.finished.len(), 5);
+        assert_eq!(log.commits.iter().map(|c| c.1).max(), Some(2));
     }
 }

@@ -204,6 +204,79 @@ fn poison_messages_go_to_the_dead_letter_topic() {
     assert_all_committed(&addr, &names);
 }
 
+/// A message holding a FHIR Bundle is unpacked into its DocumentReference entries: each good entry gives its own
+/// outputs, a bad entry its own dead letter (its bytes, with the entry index in a header), other resource types
+/// are skipped, a Bundle with no DocumentReference is dead-lettered whole (`bundle_without_documents`), and every
+/// offset is committed once all of its entries are done.
+#[test]
+fn bundles_on_kafka_are_unpacked_entry_by_entry() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("bundles");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 1);
+    let doc = |id: &str| {
+        serde_json::from_slice::<serde_json::Value>(&kafka_support::valid_doc_bytes(id, "PLAN: rest.")).unwrap()
+    };
+    let mut bad = doc("b1-bad");
+    bad["content"][0]["attachment"]["data"] = serde_json::json!("%%% not base64 %%%");
+    let entry = |r: serde_json::Value| serde_json::json!({"resource": r});
+    let patient = serde_json::json!({"resourceType": "Patient", "id": "p1"});
+    let bundle = |kind: &str, entries: Vec<serde_json::Value>| {
+        serde_json::to_vec(&serde_json::json!({"resourceType": "Bundle", "type": kind, "entry": entries})).unwrap()
+    };
+    let events = vec![
+        Event {
+            key: Some("bundle-1".into()),
+            value: bundle(
+                "collection",
+                vec![entry(doc("b1-a")), entry(patient.clone()), entry(bad), entry(doc("b1-c"))],
+            ),
+            headers: vec![],
+        },
+        Event { key: Some("bundle-2".into()), value: bundle("transaction", vec![entry(patient)]), headers: vec![] },
+        Event::doc("plain", "ASSESSMENT: Pneumonia."),
+        Event {
+            key: Some("bundle-3".into()),
+            value: bundle("searchset", vec![entry(doc("s-1")), entry(doc("s-2"))]),
+            headers: vec![],
+        },
+    ];
+    produce(&addr, &names.input, &events);
+    let mut w = Worker::start(&WorkerConfig::new(&addr, &names, dir.path(), "w"));
+    wait_until(Duration::from_secs(60), "all entries finished", || {
+        distinct_keys(&addr, &names.kg) == 5 && read_all(&addr, &names.dlq, true).len() == 2
+    });
+    wait_all_committed(&addr, &names, 10);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    let kg: BTreeMap<String, usize> = counts_by_key(&read_all(&addr, &names.kg, true));
+    assert_eq!(kg.keys().map(String::as_str).collect::<Vec<_>>(), ["b1-a", "b1-c", "plain", "s-1", "s-2"]);
+    let dlq = read_all(&addr, &names.dlq, true);
+    let header = |m: &rdkafka::message::OwnedMessage, name: &str| {
+        m.headers()
+            .and_then(|h| h.iter().find(|x| x.key == name).and_then(|x| x.value))
+            .map(|v| String::from_utf8(v.to_vec()).unwrap())
+    };
+    let mut reasons: Vec<(String, Option<String>)> =
+        dlq.iter().map(|m| (header(m, headers::REASON).unwrap(), header(m, headers::BUNDLE_ENTRY))).collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [("bundle_without_documents".to_string(), None), ("invalid_base64".to_string(), Some("2".to_string()))]
+    );
+    // The bad entry's dead letter holds that entry, not the whole Bundle.
+    let enc = Encoder::new(avro::DLQ_SCHEMA, Framing::SingleObject).unwrap();
+    let entry_letter = dlq.iter().find(|m| header(m, headers::BUNDLE_ENTRY).is_some()).unwrap();
+    let apache_avro::types::Value::Record(f) = enc.decode(entry_letter.payload().unwrap()).unwrap() else { panic!() };
+    let apache_avro::types::Value::Bytes(value) = f.iter().find(|(n, _)| n == "value").unwrap().1.clone() else {
+        panic!()
+    };
+    let value: serde_json::Value = serde_json::from_slice(&value).unwrap();
+    assert_eq!(value["id"], "b1-bad");
+    assert_all_committed(&addr, &names);
+}
+
 #[test]
 fn a_flood_of_dead_letters_halts_without_committing() {
     let Some(addr) = shared_broker() else { return };
