@@ -102,6 +102,7 @@ fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked --version 0.13.2
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pipeline -- -max_total_time=$(FUZZ_SECONDS)
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run text_stages -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pdf -- -max_total_time=$(FUZZ_SECONDS)
 
 # Fuzzing at depth (issue 16): FUZZ_RUNS executions per target (default 10 million) from the corpus kept in
 # fuzz/corpus/, then the corpus minimised in place (cargo fuzz cmin). Hours on 2 cores; figures in docs/reliability.md.

@@ -302,7 +302,8 @@ fn the_helm_chart_renders_and_lints() {
                    "kafka.schema_registry.url": "https://registry:8081",
                    "kafka.common.security.protocol": "SASL_SSL", "kafka.common.sasl.mechanisms": "SCRAM-SHA-512"},
         "secrets": {"kafkaSasl": {"enabled": true}, "kafkaTls": {"enabled": true}, "qdrantApiKey": {"enabled": true},
-                    "schemaRegistry": {"enabled": true}}
+                    "schemaRegistry": {"enabled": true}, "fhirBearerToken": {"enabled": true},
+                    "fhirSmartKey": {"enabled": true}}
     }))
     .unwrap();
     assert!(kafka.get("error").is_none(), "{kafka}");
@@ -321,7 +322,9 @@ fn the_helm_chart_renders_and_lints() {
         if let Some(name) = line.strip_prefix("- name: CLINSTREAM__") {
             let value = match lines[i + 1].strip_prefix("value: ") {
                 Some(v) => v.to_string(),
-                None if name.ends_with("PASSWORD") || name.ends_with("API_KEY") => "secret-value".to_string(),
+                None if name.ends_with("PASSWORD") || name.ends_with("API_KEY") || name.ends_with("TOKEN") => {
+                    "secret-value".to_string()
+                }
                 None => "from-a-secret".to_string(),
             };
             env.push((format!("CLINSTREAM__{name}"), value));
@@ -336,6 +339,8 @@ fn the_helm_chart_renders_and_lints() {
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__USERNAME",
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__PASSWORD",
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__URL",
+        "CLINSTREAM__FHIR__BEARER_TOKEN",
+        "CLINSTREAM__FHIR__SMART__KEY_FILE",
         "CLINSTREAM__EMBED__MODEL_FILE",
         "CLINSTREAM__PIPELINE__IN_FLIGHT",
     ] {

@@ -189,6 +189,26 @@ mod tests {
         out
     }
 
+    /// Writes the fuzz seeds (`CLINSTREAM_PDF_SEEDS=fuzz/corpus/pdf cargo test --lib write_pdf_seeds -- --ignored`).
+    #[test]
+    #[ignore]
+    fn write_pdf_seeds() {
+        let dir = std::path::PathBuf::from(std::env::var("CLINSTREAM_PDF_SEEDS").expect("CLINSTREAM_PDF_SEEDS"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let seeds = [
+            (
+                "two-pages",
+                write_text_pdf(&[lines(&["HPI:", "Cough (no fever)."]), lines(&["PLAN:", "Rest \\ fluids."])]),
+            ),
+            ("no-text", write_text_pdf(&[vec![]])),
+            ("encrypted", encrypted_with("user")),
+            ("permissions-only", encrypted_with("")),
+        ];
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+
     #[test]
     fn password_protected_is_encrypted() {
         assert_eq!(to_text(&encrypted_with("user")).unwrap_err().code, ErrorCode::PdfEncrypted);
