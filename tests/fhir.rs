@@ -185,6 +185,10 @@ fn reference_failures_are_dead_lettered_and_pdfs_are_read() {
     server.put(
         &json!({"resourceType": "Binary", "id": "txt1", "contentType": "text/plain", "data": b64(b"Plan: rest.")}),
     );
+    let big = "Plan: rest and fluids. ".repeat(600);
+    server.put(
+        &json!({"resourceType": "Binary", "id": "big1", "contentType": "text/plain", "data": b64(big.as_bytes())}),
+    );
     let doc = |id: &str, att: Value| common::doc_with(id, vec![att]);
     let docs = [
         doc("pdf-ok", json!({"contentType": "application/pdf", "url": "Binary/pdf1", "size": pdf.len()})),
@@ -195,14 +199,23 @@ fn reference_failures_are_dead_lettered_and_pdfs_are_read() {
         // No declared type: the Binary's contentType decides.
         doc("untyped", json!({"url": format!("{}/Binary/txt1", server.base_url)})),
         doc("inline", json!({"contentType": "application/pdf", "data": b64(&pdf)})),
+        // Over decode.max_attachment_bytes (8 KiB here) once fetched.
+        doc("too-big", json!({"contentType": "text/plain", "url": "Binary/big1"})),
     ];
     write_ndjson(&dir.path().join("in.ndjson"), &docs);
     let out = dir.path().join("out");
-    let o = run(&dir.path().join("in.ndjson"), &out, &[("CLINSTREAM__FHIR__BASE_URL", server.base_url.clone())], None);
+    let env = [
+        ("CLINSTREAM__FHIR__BASE_URL", server.base_url.clone()),
+        ("CLINSTREAM__DECODE__MAX_ATTACHMENT_BYTES", "8192".to_string()),
+    ];
+    let o = run(&dir.path().join("in.ndjson"), &out, &env, None);
     assert_eq!(o.status.code(), Some(3), "exit 3: finished with dead letters\n{}", stderr(&o));
     let mut codes = dead_letter_codes(&out);
     codes.sort();
-    assert_eq!(codes, ["attachment_host_not_allowed", "attachment_not_found", "hash_mismatch", "pdf_no_text"]);
+    assert_eq!(
+        codes,
+        ["attachment_host_not_allowed", "attachment_not_found", "attachment_too_large", "hash_mismatch", "pdf_no_text"]
+    );
     let notes = lines(&out.join("notes.ndjson"));
     let ids: Vec<&str> = notes.iter().map(|n| n["doc_id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["pdf-ok", "untyped", "inline"]);
@@ -220,7 +233,7 @@ fn reference_failures_are_dead_lettered_and_pdfs_are_read() {
     let out = dir.path().join("off");
     let o = run(&dir.path().join("in.ndjson"), &out, &[], None);
     assert_eq!(o.status.code(), Some(3));
-    assert_eq!(dead_letter_codes(&out).iter().filter(|c| *c == "attachment_by_reference").count(), 6);
+    assert_eq!(dead_letter_codes(&out).iter().filter(|c| *c == "attachment_by_reference").count(), 7);
 }
 
 /// Transient failures are retried, never dead-lettered: 503 and 429 with Retry-After, and the FHIR server
