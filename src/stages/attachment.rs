@@ -168,7 +168,8 @@ mod tests {
         );
         assert_eq!(MediaType::parse("text/html").charset, None);
         assert_eq!(MediaType::parse("application/xhtml").essence, "application/xhtml+xml");
-        assert!(!MediaType::parse("application/pdf").is_supported());
+        assert!(MediaType::parse("application/pdf").is_supported());
+        assert!(!MediaType::parse("image/png").is_supported());
     }
 
     #[test]

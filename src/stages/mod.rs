@@ -209,7 +209,7 @@ mod tests {
     fn names_only_the_stages_know_are_checked_when_the_pipeline_is_built() {
         let env = [
             ("CLINSTREAM__SECTIONS__WEIGHTS__NOT_A_SECTION", "0.5"),
-            ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "application/pdf"),
+            ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "image/tiff"),
         ];
         let settings =
             Settings::load_from(None, Some(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))

@@ -251,7 +251,12 @@ pub fn malformed_corpus() -> Vec<Case> {
             bytes: d(json!({"contentType": "text/plain", "url": "Binary/1"})),
             code: AttachmentByReference,
         },
-        Case { name: "PDF", bytes: d(att("application/pdf", b"%PDF-1.4 CANARY")), code: UnsupportedContentType },
+        Case { name: "broken PDF", bytes: d(att("application/pdf", b"%PDF-1.4 CANARY")), code: PdfMalformed },
+        Case {
+            name: "scanned PDF (no text layer)",
+            bytes: d(att("application/pdf", &clinstream::stages::pdf::write_text_pdf(&[vec![]]))),
+            code: PdfNoText,
+        },
         Case { name: "PNG image", bytes: d(att("image/png", b"\x89PNG\r\n\x1a\n")), code: UnsupportedContentType },
         Case {
             name: "data without contentType",
