@@ -402,3 +402,52 @@ fn a_bad_smart_key_is_a_configuration_error() {
     assert!(stderr(&o).contains("fhir.smart.key_file"), "{}", stderr(&o));
     assert!(!dir.path().join("out/notes.ndjson").exists() || lines(&dir.path().join("out/notes.ndjson")).is_empty());
 }
+
+/// The client itself (as the worker holds it): at most `fhir.max_per_host` requests in flight per host, a timeout
+/// per attempt that is retried and then halts (`fhir_unavailable`), and the fetch metrics by outcome.
+#[test]
+fn per_host_limit_timeout_and_metrics() {
+    let Some(server) = FhirServer::start() else { return };
+    let harness = Harness::start(&server, HarnessAuth::None, 0);
+    let text = b"ASSESSMENT: Pneumonia. PLAN: amoxicillin.";
+    server.put(&json!({"resourceType": "Binary", "id": "m1", "contentType": "text/plain", "data": b64(text)}));
+    let mut s = common::settings().fhir;
+    s.base_url = harness.base_url();
+    s.max_per_host = 2;
+    s.timeout_ms = 3000;
+    s.halt_after_ms = 1200;
+    let m = clinstream::telemetry::metrics::metrics();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let fetcher = std::sync::Arc::new(runtime.block_on(async { clinstream::fhir::Fetcher::new(&s, 1 << 20) }).unwrap());
+    let ok_before = m.fhir_fetches.with_label_values(&["ok"]).get();
+    harness.set_delay(300);
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let f = std::sync::Arc::clone(&fetcher);
+                tokio::spawn(async move { f.fetch("Binary/m1").await })
+            })
+            .collect();
+        for t in tasks {
+            let fetched = t.await.unwrap().unwrap();
+            assert!(String::from_utf8_lossy(&fetched.body).contains("\"Binary\""));
+        }
+    });
+    assert_eq!(harness.max_in_flight(), 2, "fhir.max_per_host bounds the requests in flight");
+    assert_eq!(m.fhir_fetches.with_label_values(&["ok"]).get() - ok_before, 8);
+    assert!(m.fhir_fetch_duration.get_sample_count() >= 8);
+
+    // Slower than the timeout: each attempt times out, is retried, and after halt_after_ms the fetch halts.
+    let retried_before = m.fhir_fetches.with_label_values(&["retried"]).get();
+    s.timeout_ms = 200;
+    harness.set_delay(1000);
+    let started = std::time::Instant::now();
+    let e = runtime
+        .block_on(async { clinstream::fhir::Fetcher::new(&s, 1 << 20).unwrap().fetch("Binary/m1").await })
+        .unwrap_err();
+    assert_eq!(e.code, clinstream::error::ErrorCode::FhirUnavailable);
+    assert!(e.detail.contains("timed out"), "{}", e.detail);
+    assert!(started.elapsed() >= Duration::from_millis(1200) && started.elapsed() < Duration::from_secs(10));
+    assert!(m.fhir_fetches.with_label_values(&["retried"]).get() - retried_before >= 2);
+    assert!(!e.detail.contains("m1"), "no id in the error: {}", e.detail);
+}

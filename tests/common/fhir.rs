@@ -255,6 +255,9 @@ struct Shared {
     pub requests: AtomicU32,
     pub unauthorized: AtomicU32,
     pub faults_answered: AtomicU32,
+    delay_ms: AtomicU32,
+    in_flight: AtomicU32,
+    max_in_flight: AtomicU32,
 }
 
 /// The harness in front of a FHIR server.
@@ -282,6 +285,9 @@ impl Harness {
             requests: AtomicU32::new(0),
             unauthorized: AtomicU32::new(0),
             faults_answered: AtomicU32::new(0),
+            delay_ms: AtomicU32::new(0),
+            in_flight: AtomicU32::new(0),
+            max_in_flight: AtomicU32::new(0),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -323,6 +329,14 @@ impl Harness {
     }
     pub fn faults_answered(&self) -> u32 {
         self.shared.faults_answered.load(Ordering::SeqCst)
+    }
+    /// Every `/fhir` answer waits this long first.
+    pub fn set_delay(&self, ms: u32) {
+        self.shared.delay_ms.store(ms, Ordering::SeqCst);
+    }
+    /// The most `/fhir` requests that were in the harness at once.
+    pub fn max_in_flight(&self) -> u32 {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
     }
 }
 
@@ -443,10 +457,22 @@ async fn upstream_get(s: &Arc<Shared>, rest: &str) -> Option<(u16, String, Vec<u
 }
 
 async fn forward(State(s): State<Arc<Shared>>, UrlPath(rest): UrlPath<String>, headers: HeaderMap) -> Response {
-    if let Some(r) = gate(&s, &headers) {
+    let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let delay = s.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
+    }
+    let response = forward_inner(&s, &rest, &headers).await;
+    s.in_flight.fetch_sub(1, Ordering::SeqCst);
+    response
+}
+
+async fn forward_inner(s: &Arc<Shared>, rest: &str, headers: &HeaderMap) -> Response {
+    if let Some(r) = gate(s, headers) {
         return r;
     }
-    match upstream_get(&s, &rest).await {
+    match upstream_get(s, rest).await {
         Some((status, _, body)) => (
             StatusCode::from_u16(status).unwrap(),
             [(header::CONTENT_TYPE, "application/fhir+json; charset=utf-8")],
