@@ -318,7 +318,7 @@ where
             }
             Err(rejected) => {
                 if let Some(halt) = halting(&rejected) {
-                    error!(code = rejected.error.code.as_str(), origin = %origin, "Indexing failed; stopping.");
+                    error!(code = rejected.error.code.as_str(), origin = %origin, "A halting error (indexing or fetching); stopping.");
                     return Err(halt);
                 }
                 let Rejected { error, doc_id } = rejected;
