@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # make bench: every benchmark of docs/benchmarks.md in one run on one machine, same MTSamples notes:
 #   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
-#   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200);
+#   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
+#      fp32 model and beside it the int8 model (model.int8.onnx, with its cosine to fp32 on the same inputs);
+#   2b. SEOS vector modes (groups = exact, sentences, composed) on SEOS_NOTES notes (default 200): model tokens per
+#      note, agreement with the exact plan, notes/s against the embedding bound; then SEOS end to end in file mode,
+#      BASE_BIN (today's release, when given) beside this tree's modes (SEOS_E2E_NOTES, default 100; 0 skips);
 #   3. end to end through a local broker, 1 and 2 workers (E2E_NOTES notes, default 300; E2E_NOTES=0 skips);
 #   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips);
 #   5. int8 scalar quantization against exact search on a Qdrant server (SHARED/tools/qdrant/qdrant-server, or
@@ -32,6 +36,17 @@ echo "clinstream text stages..." >&2
 "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
 echo "embedding: the worker's embedder against a bare ONNX Runtime loop (same model, inputs, batches, threads)..." >&2
 "$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
+echo "embedding with the int8 model (and its cosine to fp32 on 3,000 of the same inputs)..." >&2
+CLINSTREAM__EMBED__MODEL_FILE=model.int8.onnx "$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" \
+  --check-cpu 3000 > "$WORK/embed-int8.json"
+echo "SEOS vector modes side by side (${SEOS_NOTES:-200} notes)..." >&2
+"$BIN" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" > "$WORK/seos.json"
+echo '{}' > "$WORK/seos-e2e.json"
+if [ "${SEOS_E2E_NOTES:-100}" != 0 ]; then
+  echo "SEOS end to end in file mode (${SEOS_E2E_NOTES:-100} notes, 2 rounds)${BASE_BIN:+, beside $BASE_BIN}..." >&2
+  python3 bench/seos_e2e.py "$WORK/mtsamples.csv" "${SEOS_E2E_NOTES:-100}" 2 ${BASE_BIN:+"base=$BASE_BIN"} \
+    "groups=$BIN:groups" "sentences=$BIN:sentences" "composed=$BIN:composed" > "$WORK/seos-e2e.json"
+fi
 echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
 echo '{}' > "$WORK/e2e.json"
@@ -78,6 +93,9 @@ work = sys.argv[1]
 c = json.load(open(f"{work}/clinstream.json"))
 m = json.load(open(f"{work}/medspacy.json"))
 e = json.load(open(f"{work}/embed.json"))
+e8 = json.load(open(f"{work}/embed-int8.json"))
+seos = json.load(open(f"{work}/seos.json"))
+seos_e2e = json.load(open(f"{work}/seos-e2e.json"))
 e2e = json.load(open(f"{work}/e2e.json"))
 rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
@@ -92,6 +110,9 @@ result = {
     "clinstream": c,
     "medspacy": m,
     "embedding": e,
+    "embedding_int8": e8,
+    "seos_modes": seos,
+    "seos_e2e": seos_e2e,
     "kafka_e2e": e2e,
     "rss": rss,
     "quantization": quant,
@@ -119,6 +140,19 @@ for b in c["clear_budget"]:
     print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
 print(f"embedding ({e['model']}, {e['provider']}, {e['notes']} notes, {e['inputs']} sentence groups, {e['tokens']} tokens): "
       f"worker {e['worker_tokens_per_s']:.0f} tokens/s, bare ORT loop {e['bare_tokens_per_s']:.0f} tokens/s, ratio {e['ratio']:.3f}")
+print(f"embedding, int8 model: worker {e8['worker_tokens_per_s']:.0f} tokens/s, bare {e8['bare_tokens_per_s']:.0f}; "
+      f"int8 / fp32 (worker) = {e8['worker_tokens_per_s'] / e['worker_tokens_per_s']:.2f}; cosine to fp32 over "
+      f"{e8['check']['vectors']} vectors: mean {e8['check']['mean_cosine']:.4f}, min {e8['check']['min_cosine']:.4f}")
+print(f"SEOS vector modes ({seos['notes']} notes, {seos['note_tokens']} note tokens), side by side:")
+g = seos["modes"][0]
+for m in seos["modes"]:
+    print(f"  {m['mode']:<10} {m['notes_per_s']:6.2f} notes/s (x{m['notes_per_s'] / g['notes_per_s']:.2f} of groups)  "
+          f"model tokens/note token {m['tokens_per_note_token']:.2f}  bound {m['bound_notes_per_s']:.2f} notes/s "
+          f"(at bound x{m['vs_bound']:.2f})  cuts shared {m['cut_agreement']:.3f}  chunk cosine mean {m['mean_chunk_cosine']:.3f}")
+if seos_e2e:
+    for x in seos_e2e["entries"]:
+        print(f"  end to end, file mode, {x['name']:<10} {x['best_notes_per_s']:6.2f} notes/s (best of {seos_e2e['rounds']}), "
+              f"x{x['best_vs_baseline']:.2f} of {seos_e2e['entries'][0]['name']}")
 for run in e2e.get("runs", []):
     print(f"end to end, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to committed outputs "
           f"({run['notes']} notes in {run['seconds_to_committed']:.1f} s); bottleneck stage: {run['bottleneck']}")

@@ -179,6 +179,10 @@ pub struct ChunkSettings {
     pub overlap_sentences: usize,
     /// Whether a chunk may span a section boundary.
     pub cross_sections: bool,
+    /// SEOS: where the vectors come from. `groups` (exact): every sentence group embedded, then every chunk;
+    /// `sentences`: every sentence embedded once, group vectors composed from them, chunks embedded;
+    /// `composed`: every sentence embedded once, group and chunk vectors both composed (docs/embedding.md).
+    pub seos_vectors: String,
 }
 
 /// Where chunk vectors go (docs/embedding.md).
@@ -724,6 +728,9 @@ impl Settings {
         if c.overlap_sentences > 4 {
             problems.push("chunking.overlap_sentences: must be at most 4".to_string());
         }
+        if !["groups", "sentences", "composed"].contains(&c.seos_vectors.as_str()) {
+            problems.push(format!("chunking.seos_vectors: `{}` is not groups, sentences or composed", c.seos_vectors));
+        }
         if c.group_neighbours > 8 {
             problems.push("chunking.group_neighbours: must be at most 8".to_string());
         }
@@ -1030,13 +1037,18 @@ mod tests {
                 ("CLINSTREAM__SECTIONS__WEIGHTS__PLAN", "1.5"),
                 ("CLINSTREAM__PIPELINE__IN_FLIGHT", "0"),
                 ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "application/pdf"),
+                ("CLINSTREAM__CHUNKING__SEOS_VECTORS", "exact"),
             ]),
         )
         .unwrap_err();
         let msg = err.to_string();
         // Section names and content types are checked against the stages' tables when the pipeline is built
         // (`stages::check_names`, tested there).
-        for key in ["sections.weights.plan: must be between", "pipeline.in_flight"] {
+        for key in [
+            "sections.weights.plan: must be between",
+            "pipeline.in_flight",
+            "chunking.seos_vectors: `exact` is not groups, sentences or composed",
+        ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }
     }

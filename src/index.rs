@@ -3,6 +3,13 @@
 //! and the store receives the points with deterministic ids and the payload of ARCHITECTURE §4. The document's
 //! acknowledgement waits for this (the runner awaits `Indexer::index` inside the document's task).
 //!
+//! The first half — units, SEOS shifts, the plan and the chunks' vectors — is `Chunker`, which needs no store
+//! (`eval qa --chunks index` and `bench seos` use it). Where SEOS's vectors come from is
+//! `chunking.seos_vectors`: `groups` embeds every sentence group and then every chunk (the exact method, about four
+//! times a note's tokens); `sentences` embeds every sentence once and composes the group vectors from them
+//! (`chunk::compose`), then embeds the chunks; `composed` composes the chunk vectors too (one pass over the note's
+//! tokens). docs/embedding.md has the agreement and retrieval figures of each.
+//!
 //! Versions: the new version's points are written first, then every other version's points are removed, so a
 //! search always finds one version. `entered-in-error` removes all of the document's points and writes none;
 //! `relatesTo.replaces` removes the replaced documents' points.
@@ -29,13 +36,53 @@ use crate::store::{self, Point, Store, StoreError, bm25};
 use crate::telemetry::health;
 use crate::telemetry::metrics::metrics;
 
-/// The embedder, the store, and how to chunk.
+/// The chunker, the store, and how long to ride out the store.
 pub struct Indexer {
-    embedder: Embedder,
+    chunker: Chunker,
     store: Arc<Store>,
+    halt_after: Duration,
+}
+
+/// Where SEOS's vectors come from (`chunking.seos_vectors`; module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeosVectors {
+    Groups,
+    Sentences,
+    Composed,
+}
+
+impl SeosVectors {
+    /// From the validated setting (`groups` | `sentences` | `composed`).
+    pub fn from_setting(s: &str) -> SeosVectors {
+        match s {
+            "sentences" => SeosVectors::Sentences,
+            "composed" => SeosVectors::Composed,
+            _ => SeosVectors::Groups,
+        }
+    }
+}
+
+/// Units, plan and vectors of one document, without a store.
+#[derive(Clone)]
+pub struct Chunker {
+    embedder: Embedder,
     /// The CPU side (tokenizing units, planning, BM25, payloads), shared with the blocking pool.
     cpu: Arc<Cpu>,
-    halt_after: Duration,
+}
+
+/// A document's chunks with their dense vectors.
+#[derive(Debug, Clone)]
+pub struct Chunked {
+    pub chunks: Vec<Chunk>,
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens the model was given for this document (special tokens excluded): the embedding cost.
+    pub embedded_tokens: usize,
+}
+
+/// What the chunks' second pass gives: token ids for the model, or vectors composed from the sentences'.
+enum ChunkInputs {
+    Ids(Result<Vec<Vec<u32>>, EmbedError>),
+    Composed(Vec<Vec<f32>>),
 }
 
 /// What the CPU-bound steps need; they run on the blocking pool (`Indexer::on_cpu`), never on the async workers.
@@ -49,11 +96,18 @@ struct Cpu {
     compiled: Arc<crate::stages::Compiled>,
     /// Entity windows: words each side of a mention (`store.window_words`; 0 = none).
     window_words: usize,
+    vectors: SeosVectors,
+}
+
+impl std::fmt::Debug for Chunker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunker").field("model", self.embedder.info()).field("vectors", &self.cpu.vectors).finish()
+    }
 }
 
 impl std::fmt::Debug for Indexer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Indexer").field("model", self.embedder.info()).field("store", &self.store).finish()
+        f.debug_struct("Indexer").field("model", self.chunker.embedder.info()).field("store", &self.store).finish()
     }
 }
 
@@ -67,6 +121,8 @@ pub struct Chunk {
     pub sections: Vec<usize>,
     pub overlap_units: usize,
     pub tokens: usize,
+    /// The units it is made of (its overlap included), indices into the document's units.
+    pub units: std::ops::Range<usize>,
 }
 
 /// Runs a store operation, retrying transient failures with capped backoff (honouring retry-after) for
@@ -121,10 +177,13 @@ impl StartError {
     }
 }
 
-impl Indexer {
-    /// Loads the model (blocking, on the blocking pool) and opens the store with the model's dimension.
-    pub async fn start(settings: &Settings, compiled: Arc<crate::stages::Compiled>) -> Result<Indexer, StartError> {
-        let embedder = Embedder::start_async(&settings.embed).await?;
+impl Chunker {
+    /// The chunker of `settings.chunking` over a started embedder.
+    pub fn new(
+        settings: &Settings,
+        embedder: Embedder,
+        compiled: Arc<crate::stages::Compiled>,
+    ) -> Result<Chunker, StartError> {
         let info = embedder.info().clone();
         let c = &settings.chunking;
         if c.chunk_tokens + info.special_tokens > info.max_tokens {
@@ -133,7 +192,6 @@ impl Indexer {
                 c.chunk_tokens, info.special_tokens, info.max_tokens
             )));
         }
-        let store = open_store(settings, info.dim).await?;
         let cpu = Cpu {
             embedder: embedder.clone(),
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,
@@ -146,21 +204,13 @@ impl Indexer {
             cross_sections: c.cross_sections,
             compiled,
             window_words: settings.store.window_words,
+            vectors: SeosVectors::from_setting(&c.seos_vectors),
         };
-        Ok(Indexer {
-            embedder,
-            store: Arc::new(store),
-            cpu: Arc::new(cpu),
-            halt_after: Duration::from_millis(settings.store.halt_after_ms),
-        })
+        Ok(Chunker { embedder, cpu: Arc::new(cpu) })
     }
 
     pub fn embedder(&self) -> &Embedder {
         &self.embedder
-    }
-
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
     }
 
     /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
@@ -168,21 +218,9 @@ impl Indexer {
         self.cpu.units(doc)
     }
 
-    /// Plans the document's chunks (SEOS embeds the sentence groups first).
-    pub async fn chunks(&self, doc: &Document, units: &[Unit]) -> Result<Vec<Chunk>, EmbedError> {
-        let groups = self.cpu.groups(units);
-        let texts: Vec<&str> = groups.iter().map(|&(a, b)| &doc.note.text[a..b]).collect();
-        let shifts = self.shifts(self.embedder.encode(&texts)?).await?;
-        Ok(self.cpu.plan(doc, units, &shifts))
-    }
-
-    /// SEOS: the semantic shift between each unit's sentence group and the next one's, from the groups' token ids.
-    async fn shifts(&self, group_ids: Vec<Vec<u32>>) -> Result<Vec<f32>, EmbedError> {
-        if group_ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let vectors = self.embedder.embed_ids(group_ids).await?;
-        Ok(vectors.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect())
+    /// SEOS: neighbours on each side in a sentence group.
+    pub fn neighbours(&self) -> usize {
+        self.cpu.neighbours
     }
 
     /// Runs CPU-bound work on the blocking pool with the document, off the async workers.
@@ -197,42 +235,118 @@ impl Indexer {
             .map_err(|_| DocError::new(ErrorCode::InternalError, Stage::Index, "an indexing step failed unexpectedly"))
     }
 
+    /// The document's chunks and their dense vectors. Tokenizing, composing and planning run on the blocking
+    /// pool; embedding on the model thread; only the awaiting happens on the async workers (on a GPU the async
+    /// workers would otherwise be the bound: docs/benchmarks.md, "GPU").
+    pub async fn chunk(&self, doc: &Arc<Document>) -> Result<Chunked, DocError> {
+        let embed_err = |e: EmbedError| DocError::new(e.code(), Stage::Index, e.to_string());
+        let mode = self.cpu.vectors;
+        let seos = self.cpu.params.strategy == ChunkStrategy::Seos;
+        // Exact SEOS embeds each sentence group; the cheaper modes each sentence (unit) once.
+        let per_unit = seos && mode != SeosVectors::Groups;
+        let embedder = self.embedder.clone();
+        let (units, first_ids) = self
+            .on_cpu(doc, move |cpu, d| {
+                let units = cpu.units(d);
+                let spans: Vec<(usize, usize)> = if !seos {
+                    Vec::new()
+                } else if per_unit {
+                    // One unit has no shift to find, but `composed` still needs its vector for the chunk.
+                    if units.len() >= 2 || mode == SeosVectors::Composed {
+                        units.iter().map(|u| (u.start, u.end)).collect()
+                    } else {
+                        Vec::new()
+                    }
+                } else {
+                    chunk::groups(&units, cpu.neighbours)
+                        .iter()
+                        .map(|r| (units[r.start].start, units[r.end - 1].end))
+                        .collect()
+                };
+                let texts: Vec<&str> = spans.iter().map(|&(a, b)| &d.note.text[a..b]).collect();
+                (units, embedder.encode(&texts))
+            })
+            .await?;
+        let first_ids = first_ids.map_err(embed_err)?;
+        let mut embedded_tokens: usize = first_ids.iter().map(Vec::len).sum();
+        let first = if first_ids.is_empty() {
+            Vec::new()
+        } else {
+            self.embedder.embed_ids(first_ids).await.map_err(embed_err)?
+        };
+        let embedder = self.embedder.clone();
+        let (chunks, inputs) = self
+            .on_cpu(doc, move |cpu, d| {
+                let shifts: Vec<f32> = if per_unit {
+                    let groups: Vec<Vec<f32>> = chunk::groups(&units, cpu.neighbours)
+                        .into_iter()
+                        .map(|r| chunk::compose(&first, &units, r))
+                        .collect();
+                    groups.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect()
+                } else {
+                    first.windows(2).map(|w| chunk::shift(&w[0], &w[1])).collect()
+                };
+                let chunks = cpu.plan(d, &units, &shifts);
+                let inputs = if per_unit && mode == SeosVectors::Composed {
+                    ChunkInputs::Composed(
+                        chunks.iter().map(|c| chunk::compose(&first, &units, c.units.clone())).collect(),
+                    )
+                } else {
+                    let texts: Vec<&str> = chunks.iter().map(|c| &d.note.text[c.start..c.end]).collect();
+                    ChunkInputs::Ids(embedder.encode(&texts))
+                };
+                (chunks, inputs)
+            })
+            .await?;
+        let vectors = match inputs {
+            ChunkInputs::Composed(v) => v,
+            ChunkInputs::Ids(ids) => {
+                let ids = ids.map_err(embed_err)?;
+                embedded_tokens += ids.iter().map(Vec::len).sum::<usize>();
+                self.embedder.embed_ids(ids).await.map_err(embed_err)?
+            }
+        };
+        Ok(Chunked { chunks, vectors, embedded_tokens })
+    }
+}
+
+impl Indexer {
+    /// Loads the model (blocking, on the blocking pool) and opens the store with the model's dimension.
+    pub async fn start(settings: &Settings, compiled: Arc<crate::stages::Compiled>) -> Result<Indexer, StartError> {
+        let embedder = Embedder::start_async(&settings.embed).await?;
+        let dim = embedder.info().dim;
+        let chunker = Chunker::new(settings, embedder, compiled)?;
+        let store = open_store(settings, dim).await?;
+        Ok(Indexer { chunker, store: Arc::new(store), halt_after: Duration::from_millis(settings.store.halt_after_ms) })
+    }
+
+    pub fn embedder(&self) -> &Embedder {
+        &self.chunker.embedder
+    }
+
+    pub fn chunker(&self) -> &Chunker {
+        &self.chunker
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
     /// Indexes one document; returns the number of chunks written. Tokenizing, planning, BM25 and payloads run
     /// on the blocking pool; embedding on the model thread; only the awaiting happens on the async workers.
     pub async fn index(&self, doc: &Arc<Document>) -> Result<usize, DocError> {
         let note = &doc.note;
-        let embed_err = |e: EmbedError| DocError::new(e.code(), Stage::Index, e.to_string());
         if note.entered_in_error {
             self.retrying(|| self.store.delete_document(&note.doc_id, None)).await?;
             return Ok(0);
         }
         let clock = Instant::now();
-        // Tokenizing runs with the other CPU steps on the blocking pool: on a GPU the async workers would
-        // otherwise be the bound (docs/benchmarks.md, "GPU").
-        let embedder = self.embedder.clone();
-        let (units, group_ids) = self
-            .on_cpu(doc, move |cpu, d| {
-                let units = cpu.units(d);
-                let texts: Vec<&str> = cpu.groups(&units).iter().map(|&(a, b)| &d.note.text[a..b]).collect();
-                let ids = embedder.encode(&texts);
-                (units, ids)
-            })
-            .await?;
-        let shifts = self.shifts(group_ids.map_err(embed_err)?).await.map_err(embed_err)?;
-        let embedder = self.embedder.clone();
-        let (chunks, chunk_ids) = self
-            .on_cpu(doc, move |cpu, d| {
-                let chunks = cpu.plan(d, &units, &shifts);
-                let texts: Vec<&str> = chunks.iter().map(|c| &d.note.text[c.start..c.end]).collect();
-                let ids = embedder.encode(&texts);
-                (chunks, ids)
-            })
-            .await?;
-        let vectors = self.embedder.embed_ids(chunk_ids.map_err(embed_err)?).await.map_err(embed_err)?;
+        let Chunked { chunks, vectors, .. } = self.chunker.chunk(doc).await?;
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
         let version = note.version.clone().unwrap_or_default();
         let v = version.clone();
         let (points, n) = self
+            .chunker
             .on_cpu(doc, move |cpu, d| {
                 let mut points = cpu.points(d, &chunks, vectors, &v);
                 let n = points.len();
@@ -298,28 +412,6 @@ impl Cpu {
         units
     }
 
-    /// SEOS: each unit's sentence group (the unit and up to `neighbours` on each side in its segment) as a byte
-    /// range; empty for fixed chunking or a single unit.
-    fn groups(&self, units: &[Unit]) -> Vec<(usize, usize)> {
-        if self.params.strategy != ChunkStrategy::Seos || units.len() < 2 {
-            return Vec::new();
-        }
-        (0..units.len())
-            .map(|i| {
-                let seg = units[i].segment;
-                let mut a = i;
-                while a > 0 && i - a < self.neighbours && units[a - 1].segment == seg {
-                    a -= 1;
-                }
-                let mut b = i;
-                while b + 1 < units.len() && b - i < self.neighbours && units[b + 1].segment == seg {
-                    b += 1;
-                }
-                (units[a].start, units[b].end)
-            })
-            .collect()
-    }
-
     /// Chunks from the planner's plan over `units` and the SEOS shifts.
     fn plan(&self, doc: &Document, units: &[Unit], shifts: &[f32]) -> Vec<Chunk> {
         let planned = chunk::plan(units, shifts, &self.params);
@@ -342,6 +434,7 @@ impl Cpu {
                     sections,
                     overlap_units: p.overlap,
                     tokens: units[p.units.clone()].iter().map(|u| u.tokens).sum(),
+                    units: p.units.clone(),
                 }
             })
             .collect()

@@ -404,14 +404,15 @@ async fn server_store_reopens_checks_the_dimension_and_replaces_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seos_chunks_of_real_notes() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(s) = settings(dir.path()) else { return };
+    let Some(mut s) = settings(dir.path()) else { return };
+    // The exact method: every sentence group embedded (the cheaper modes are compared with it below).
+    s.chunking.seos_vectors = "groups".into();
     let pipeline = Arc::new(Pipeline::new(&s).unwrap());
     let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
     for name in ["1288-soap--chart--progress-notes", "13-neurology", "1506-radiology"] {
         let text = std::fs::read_to_string(root().join(format!("tests/fixtures/mtsamples/{name}.txt"))).unwrap();
-        let doc = pipeline.analyse(clinstream::model::Note::from_text(name, text));
-        let units = indexer.units(&doc);
-        let chunks = indexer.chunks(&doc, &units).await.unwrap();
+        let doc = Arc::new(pipeline.analyse(clinstream::model::Note::from_text(name, text)));
+        let chunks = indexer.chunker().chunk(&doc).await.unwrap().chunks;
         let mut out = String::new();
         for (i, c) in chunks.iter().enumerate() {
             let body = &doc.note.text[c.start..c.end];
@@ -434,6 +435,79 @@ async fn seos_chunks_of_real_notes() {
             insta::assert_snapshot!("seos", out);
         });
     }
+}
+
+/// The cheaper SEOS modes on real notes: every sentence is embedded once (`sentences` then embeds the chunks,
+/// `composed` composes them too), the model sees far fewer tokens than with the exact method, the plans keep every
+/// planner invariant with the real tokenizer, most cuts fall where the exact method puts them, and a composed
+/// chunk vector points where the embedded one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cheaper_seos_modes_agree_with_the_exact_method() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(base) = settings(dir.path()) else { return };
+    let pipeline = Arc::new(Pipeline::new(&base).unwrap());
+    let chunker = |mode: &str| {
+        let mut s = base.clone();
+        s.chunking.seos_vectors = mode.into();
+        let embedder = Embedder::start(&s.embed).unwrap();
+        clinstream::index::Chunker::new(&s, embedder, pipeline.compiled()).unwrap()
+    };
+    let (exact, sentences, composed) = (chunker("groups"), chunker("sentences"), chunker("composed"));
+    let (mut cuts_exact, mut cuts_shared, mut note_tokens, mut unit_count) = (0usize, 0usize, 0usize, 0usize);
+    let mut spent = [0usize; 3];
+    let mut cosines = Vec::new();
+    for name in ["1288-soap--chart--progress-notes", "13-neurology", "1506-radiology", "175-surgery", "19-urology"] {
+        let text = std::fs::read_to_string(root().join(format!("tests/fixtures/mtsamples/{name}.txt"))).unwrap();
+        let doc = Arc::new(pipeline.analyse(clinstream::model::Note::from_text(name, text)));
+        let units = exact.units(&doc);
+        note_tokens += units.iter().map(|u| u.tokens).sum::<usize>();
+        unit_count += units.len();
+        let e = exact.chunk(&doc).await.unwrap();
+        let st = sentences.chunk(&doc).await.unwrap();
+        let c = composed.chunk(&doc).await.unwrap();
+        for (i, x) in [&e, &st, &c].iter().enumerate() {
+            spent[i] += x.embedded_tokens;
+            assert_eq!(x.chunks.len(), x.vectors.len());
+            for ch in &x.chunks {
+                assert!(ch.tokens <= base.chunking.chunk_tokens, "{name}: {} tokens", ch.tokens);
+            }
+            let own: Vec<usize> =
+                x.chunks.iter().flat_map(|ch| ch.units.start + ch.overlap_units..ch.units.end).collect();
+            assert_eq!(own, (0..units.len()).collect::<Vec<_>>(), "{name}: every unit once, in order");
+        }
+        // Same plan for `sentences` and `composed` (both take the shifts from composed groups).
+        assert_eq!(st.chunks, c.chunks, "{name}");
+        let starts = |x: &clinstream::index::Chunked| -> Vec<usize> {
+            x.chunks.iter().map(|ch| ch.units.start + ch.overlap_units).collect()
+        };
+        let (a, b) = (starts(&e), starts(&st));
+        cuts_exact += a.len();
+        cuts_shared += a.iter().filter(|x| b.contains(x)).count();
+        // `sentences` embeds the same chunk texts as the exact method where the plans agree.
+        for (ch, v) in c.chunks.iter().zip(&c.vectors) {
+            if let Some(k) = e.chunks.iter().position(|x| x.units == ch.units) {
+                let dot: f32 = v.iter().zip(&e.vectors[k]).map(|(x, y)| x * y).sum();
+                cosines.push(dot);
+            }
+        }
+    }
+    assert!(note_tokens > 1_000, "the fixtures are real notes");
+    // Exact: about three model tokens per note token for the groups plus one for the chunks.
+    assert!(spent[0] as f64 > 3.0 * note_tokens as f64, "{spent:?} vs {note_tokens}");
+    // Composed: each unit's tokens once, plus the model's special tokens per unit.
+    let special = exact.embedder().info().special_tokens;
+    assert!(
+        spent[2] >= note_tokens && spent[2] <= note_tokens + unit_count * special + note_tokens / 50,
+        "composed: {} model tokens for {note_tokens} note tokens in {unit_count} units",
+        spent[2]
+    );
+    // Sentences: the sentences once plus the chunks — well under the exact method's groups plus chunks.
+    assert!(spent[1] > spent[2] && (spent[1] as f64) < 0.65 * spent[0] as f64, "{spent:?}");
+    assert!((spent[2] as f64) < 0.35 * spent[0] as f64, "{spent:?}");
+    let agreement = cuts_shared as f64 / cuts_exact as f64;
+    assert!(agreement >= 0.6, "chunk starts shared with the exact plan: {agreement:.3}");
+    let mean = cosines.iter().sum::<f32>() / cosines.len().max(1) as f32;
+    assert!(!cosines.is_empty() && mean > 0.85, "composed vs embedded chunk vectors: mean cosine {mean:.3}");
 }
 
 /// Production collection settings from config reach the collection the worker creates (shards, HNSW, int8
@@ -859,6 +933,7 @@ async fn eval_qa_on_a_small_record_set() {
         strategies: &strategies,
         label_cache: &cache,
         show_errors: false,
+        chunker: None,
     };
     let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
     assert_eq!((r.documents, r.patients), (4, 2));
@@ -878,7 +953,23 @@ async fn eval_qa_on_a_small_record_set() {
     let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
-    let again = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
+    // Again with the indexer's own chunks (`--chunks index`, composed SEOS vectors): the chunk strategies keep
+    // isolation and the budget, and find the evidence in these short notes.
+    let mut composed = s.clone();
+    composed.chunking.seos_vectors = "composed".into();
+    let chunker = clinstream::index::Chunker::new(&composed, embedder.clone(), pipeline.compiled()).unwrap();
+    let again = clinstream::eval::qa::run(
+        &pipeline,
+        &embedder,
+        &clinstream::eval::qa::QaRun { chunker: Some(&chunker), ..run.clone() },
+    )
+    .await
+    .unwrap();
     assert_eq!(std::fs::metadata(&files[0]).unwrap().modified().unwrap(), written);
     assert_eq!(again.strategies[0].answer_accuracy, 1.0);
+    for st in &again.strategies[1..] {
+        assert_eq!(st.isolation_violations, 0, "{st:?}");
+        assert!(st.max_tokens <= 64 && st.over_budget == 0, "{st:?}");
+    }
+    assert_eq!(again.strategies[1].evidence_recall, 1.0, "dense over index chunks: {:?}", again.strategies[1]);
 }

@@ -317,6 +317,195 @@ pub fn embed(
     })
 }
 
+/// SEOS's vector modes side by side on the same notes (`clinstream bench seos`, `make bench`): what each costs
+/// the model and how far its plans and vectors are from the exact method's (`groups`).
+#[derive(Debug, serde::Serialize)]
+pub struct SeosBench {
+    pub model: String,
+    pub notes: usize,
+    /// Tokens of the notes' units (sentences), the unit of the cost figures.
+    pub note_tokens: usize,
+    pub chunk_tokens: usize,
+    pub runs: usize,
+    pub modes: Vec<SeosMode>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct SeosMode {
+    pub mode: String,
+    /// Best of the runs: notes through units, shifts, plan and chunk vectors (the indexer's first half), with
+    /// `pipeline.in_flight` notes at once as in the worker.
+    pub seconds: f64,
+    pub notes_per_s: f64,
+    pub embedded_tokens: usize,
+    /// Embedded tokens per note token.
+    pub tokens_per_note_token: f64,
+    pub chunks: usize,
+    /// Chunk starts of the exact plan that this plan also has (1 for the exact method).
+    pub cut_agreement: f64,
+    /// Notes whose plan is exactly the exact method's.
+    pub identical_plans: f64,
+    /// Cosine between this mode's and the exact method's vector of the same chunk (same units), where both plans
+    /// have it.
+    pub mean_chunk_cosine: f64,
+    pub min_chunk_cosine: f64,
+    /// The embedding bound: the same model inputs (this mode's groups or sentences, and chunks) through the bare
+    /// ONNX Runtime loop (`embed::bare_loop`: same model, threads, batch plan) — notes/s if nothing but the model
+    /// took time — and this mode's notes/s against it.
+    pub bare_tokens_per_s: f64,
+    pub bound_notes_per_s: f64,
+    pub vs_bound: f64,
+}
+
+/// Runs each SEOS mode `runs` times (alternating) over the notes and compares with `groups`.
+pub fn seos(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+    modes: &[String],
+    runs: usize,
+) -> anyhow::Result<SeosBench> {
+    use std::sync::Arc;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let docs: Vec<Arc<crate::model::Document>> =
+        events.iter().filter_map(|e| pipeline.process(e).ok()).map(Arc::new).collect();
+    let mut base = settings.clone();
+    base.chunking.strategy = "seos".into();
+    if let Some(bad) = modes.iter().find(|m| !["groups", "sentences", "composed"].contains(&m.as_str())) {
+        anyhow::bail!("--modes: `{bad}` is not groups, sentences or composed");
+    }
+    let mut all_modes = vec!["groups".to_string()];
+    all_modes.extend(modes.iter().filter(|m| *m != "groups").cloned());
+    let chunkers = all_modes
+        .iter()
+        .map(|m| {
+            let mut s = base.clone();
+            s.chunking.seos_vectors = m.clone();
+            crate::index::Chunker::new(&s, embedder.clone(), pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let note_tokens: usize = docs.iter().map(|d| chunkers[0].units(d).iter().map(|u| u.tokens).sum::<usize>()).sum();
+    let in_flight = settings.pipeline.in_flight.max(1);
+    let run_mode = |c: &crate::index::Chunker| -> anyhow::Result<(Duration, Vec<crate::index::Chunked>)> {
+        rt.block_on(async {
+            let clock = Instant::now();
+            let semaphore = Arc::new(tokio::sync::Semaphore::new(in_flight));
+            let mut tasks = Vec::with_capacity(docs.len());
+            for d in &docs {
+                let permit = semaphore.clone().acquire_owned().await?;
+                let (c, d) = (c.clone(), Arc::clone(d));
+                tasks.push(tokio::spawn(async move {
+                    let r = c.chunk(&d).await;
+                    drop(permit);
+                    r
+                }));
+            }
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                out.push(t.await?.map_err(|e| anyhow::anyhow!("{}", e.code.as_str()))?);
+            }
+            Ok((clock.elapsed(), out))
+        })
+    };
+    let mut best = vec![Duration::MAX; chunkers.len()];
+    let mut results: Vec<Vec<crate::index::Chunked>> = vec![Vec::new(); chunkers.len()];
+    for _ in 0..runs.max(1) {
+        for (i, c) in chunkers.iter().enumerate() {
+            let (took, out) = run_mode(c)?;
+            best[i] = best[i].min(took);
+            results[i] = out;
+        }
+    }
+    let starts = |x: &crate::index::Chunked| -> Vec<usize> {
+        x.chunks.iter().map(|c| c.units.start + c.overlap_units).collect()
+    };
+    let exact = &results[0];
+    let mut modes_out = Vec::new();
+    for (i, mode) in all_modes.iter().enumerate() {
+        let (mut shared, mut total, mut identical) = (0usize, 0usize, 0usize);
+        let mut cosines = Vec::new();
+        for (e, m) in exact.iter().zip(&results[i]) {
+            let (a, b) = (starts(e), starts(m));
+            total += a.len();
+            shared += a.iter().filter(|x| b.contains(x)).count();
+            identical += usize::from(a == b);
+            for (c, v) in m.chunks.iter().zip(&m.vectors) {
+                if let Some(k) = e.chunks.iter().position(|x| x.units == c.units) {
+                    cosines.push(v.iter().zip(&e.vectors[k]).map(|(x, y)| f64::from(x * y)).sum::<f64>());
+                }
+            }
+        }
+        let embedded: usize = results[i].iter().map(|x| x.embedded_tokens).sum();
+        let inputs = model_inputs(&chunkers[i], mode, &docs, &results[i])?;
+        anyhow::ensure!(
+            inputs.iter().map(Vec::len).sum::<usize>() == embedded,
+            "bench seos: the rebuilt model inputs of `{mode}` differ from what the chunker embedded"
+        );
+        let bare = if inputs.is_empty() {
+            0.0
+        } else {
+            let (tokens, took) = crate::embed::bare_loop(&settings.embed, &inputs)?;
+            tokens as f64 / took.as_secs_f64()
+        };
+        let bound = bare / (embedded as f64 / docs.len().max(1) as f64).max(1.0);
+        let notes_per_s = docs.len() as f64 / best[i].as_secs_f64();
+        modes_out.push(SeosMode {
+            mode: mode.clone(),
+            seconds: best[i].as_secs_f64(),
+            notes_per_s,
+            embedded_tokens: embedded,
+            tokens_per_note_token: embedded as f64 / note_tokens.max(1) as f64,
+            chunks: results[i].iter().map(|x| x.chunks.len()).sum(),
+            cut_agreement: shared as f64 / total.max(1) as f64,
+            identical_plans: identical as f64 / docs.len().max(1) as f64,
+            mean_chunk_cosine: cosines.iter().sum::<f64>() / cosines.len().max(1) as f64,
+            min_chunk_cosine: cosines.iter().copied().fold(f64::INFINITY, f64::min),
+            bare_tokens_per_s: bare,
+            bound_notes_per_s: bound,
+            vs_bound: notes_per_s / bound.max(f64::MIN_POSITIVE),
+        });
+    }
+    Ok(SeosBench {
+        model: embedder.info().name.clone(),
+        notes: docs.len(),
+        note_tokens,
+        chunk_tokens: settings.chunking.chunk_tokens,
+        runs: runs.max(1),
+        modes: modes_out,
+    })
+}
+
+/// The token ids a SEOS mode gave the model for these notes, rebuilt from their units and plans: the groups
+/// (`groups`) or the sentences (`sentences`, `composed`) of notes with more than one unit, then the chunks (not for
+/// `composed`).
+fn model_inputs(
+    chunker: &crate::index::Chunker,
+    mode: &str,
+    docs: &[std::sync::Arc<crate::model::Document>],
+    chunked: &[crate::index::Chunked],
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let mut texts: Vec<&str> = Vec::new();
+    for (d, c) in docs.iter().zip(chunked) {
+        let text = &d.note.text;
+        let units = chunker.units(d);
+        match mode {
+            "groups" if units.len() >= 2 => {
+                for r in crate::stages::chunk::groups(&units, chunker.neighbours()) {
+                    texts.push(&text[units[r.start].start..units[r.end - 1].end]);
+                }
+            }
+            "sentences" if units.len() >= 2 => texts.extend(units.iter().map(|u| &text[u.start..u.end])),
+            "composed" => texts.extend(units.iter().map(|u| &text[u.start..u.end])),
+            _ => {}
+        }
+        if mode != "composed" {
+            texts.extend(c.chunks.iter().map(|ch| &text[ch.start..ch.end]));
+        }
+    }
+    Ok(chunker.embedder().encode(&texts)?)
+}
+
 /// Recall of int8 scalar quantization against exact search on a Qdrant server (`make bench`).
 #[derive(Debug, serde::Serialize)]
 pub struct QuantizationBench {

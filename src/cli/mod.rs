@@ -218,6 +218,10 @@ enum EvalCommand {
         /// Print each wrong answer or missed evidence to stderr (development aid on the public set).
         #[arg(long)]
         show_errors: bool,
+        /// Chunks for dense, bm25 and hybrid: `words` (sentences packed to about 100 words) or `index` (the
+        /// indexer's chunks and vectors under `chunking.*`, e.g. CLINSTREAM__CHUNKING__SEOS_VECTORS=composed).
+        #[arg(long, default_value = "words", value_parser = ["words", "index"])]
+        chunks: String,
     },
     /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
     KgSynthea {
@@ -304,6 +308,24 @@ enum BenchCommand {
         /// Keep the embedded store in this directory, and reuse it when it exists (skips re-indexing there).
         #[arg(long)]
         keep: Option<PathBuf>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// SEOS's vector modes side by side (`chunking.seos_vectors`: groups, sentences, composed) on the same notes:
+    /// notes/s through units, shifts, plan and chunk vectors, embedded tokens per note token, and agreement with
+    /// the exact method (`groups`): shared chunk starts, identical plans, cosine of the same chunk's vectors (JSON).
+    Seos {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        #[arg(long, default_value_t = 200)]
+        limit: usize,
+        #[arg(long, value_delimiter = ',', default_value = "groups,sentences,composed")]
+        modes: Vec<String>,
+        /// Alternating runs of each mode; the best time of each is kept.
+        #[arg(long, default_value_t = 2)]
+        runs: usize,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -517,7 +539,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Eval {
-            command: EvalCommand::Qa { documents, questions, budget, strategy, config, json, cache_dir, show_errors },
+            command:
+                EvalCommand::Qa { documents, questions, budget, strategy, config, json, cache_dir, show_errors, chunks },
         } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
@@ -528,6 +551,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let r = runtime(&settings)?.block_on(async {
                 let embedder = crate::embed::Embedder::start_async(&settings.embed).await.context("embedding model")?;
+                let chunker = match chunks.as_str() {
+                    "index" => Some(
+                        crate::index::Chunker::new(&settings, embedder.clone(), pipeline.compiled())
+                            .map_err(|e| anyhow::anyhow!("{e}"))?,
+                    ),
+                    _ => None,
+                };
                 let window = settings.clear.window_words;
                 let run = crate::eval::qa::QaRun {
                     documents: &documents,
@@ -537,6 +567,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                     strategies: &strategy,
                     label_cache: &cache_dir,
                     show_errors,
+                    chunker: chunker.as_ref(),
                 };
                 crate::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
             })?;
@@ -625,6 +656,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 &clients,
                 keep.as_deref(),
             )?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Seos { csv, column, limit, modes, runs, config } } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let events = bench::events(&csv, &column, Some(limit)).context("reading the corpus")?;
+            let r = bench::seos(&settings, &pipeline, &events, &modes, runs)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -5,8 +5,9 @@
 //! Strategies:
 //! * `clear` — question–entity alignment (`query::align`) and CLEAR windows (`query::context`);
 //! * `dense`, `bm25`, `hybrid` — chunk retrieval over the patient's notes (sentence-packed chunks of about
-//!   `CHUNK_WORDS` words; cosine of the question and chunk embeddings, BM25 over the whole corpus's statistics,
-//!   and the two fused by reciprocal rank, k = 60), chunks taken best first while they fit the budget. Their answer
+//!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
+//!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
+//!   statistics, and the two fused by reciprocal rank, k = 60), chunks taken best first while they fit the budget. Their answer
 //!   comes from the same vote over the aligned entities' mentions inside the returned chunks, so the strategies
 //!   differ only in the context they return.
 //!
@@ -86,11 +87,14 @@ pub struct QaRun<'a> {
     /// Where the label embeddings are cached.
     pub label_cache: &'a Path,
     pub show_errors: bool,
+    /// The indexer's chunker for the chunk strategies (`--chunks index`); `None`: word-packed chunks.
+    pub chunker: Option<&'a crate::index::Chunker>,
 }
 
 /// Runs the evaluation.
 pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> Result<QaReport, EvalError> {
-    let QaRun { documents, questions, budget_tokens, window_words, strategies, label_cache, show_errors } = *run;
+    let QaRun { documents, questions, budget_tokens, window_words, strategies, label_cache, show_errors, chunker } =
+        *run;
     let read =
         |p: &Path| std::fs::read_to_string(p).map_err(|source| EvalError::Io { path: p.display().to_string(), source });
     let fmt = |p: &Path, why: String| EvalError::Format { path: p.display().to_string(), why };
@@ -126,12 +130,19 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let wants = |s: &str| strategies.iter().any(|x| x == s);
     let needs_chunks = wants("dense") || wants("bm25") || wants("hybrid");
     let (chunks, chunk_vectors, bm25) = if needs_chunks {
-        let chunks = chunk_all(&docs);
+        let (chunks, vectors) = match chunker {
+            Some(c) => index_chunks(c, &docs).await.map_err(|e| fmt(documents, format!("chunking: {e}")))?,
+            None => {
+                let chunks = chunk_all(&docs);
+                let texts: Vec<&str> = chunks.iter().map(|c| &docs[c.doc].note.text[c.start..c.end]).collect();
+                let mut vectors = Vec::with_capacity(texts.len());
+                for batch in texts.chunks(256) {
+                    vectors.extend(embedder.embed(batch).await.map_err(embed_err)?);
+                }
+                (chunks, vectors)
+            }
+        };
         let texts: Vec<&str> = chunks.iter().map(|c| &docs[c.doc].note.text[c.start..c.end]).collect();
-        let mut vectors = Vec::with_capacity(texts.len());
-        for batch in texts.chunks(256) {
-            vectors.extend(embedder.embed(batch).await.map_err(embed_err)?);
-        }
         let bm25 = Bm25::new(&texts);
         (chunks, vectors, Some(bm25))
     } else {
@@ -321,6 +332,35 @@ fn rrf(rankings: &[Vec<usize>]) -> Vec<usize> {
     let mut out: Vec<(usize, f32)> = score.into_iter().collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     out.into_iter().map(|x| x.0).collect()
+}
+
+/// The indexer's chunks and vectors of every note (64 notes at once, so the model batches across notes as in
+/// the worker).
+async fn index_chunks(
+    chunker: &crate::index::Chunker,
+    docs: &[Document],
+) -> Result<(Vec<Chunk>, Vec<Vec<f32>>), String> {
+    let semaphore = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::with_capacity(docs.len());
+    for d in docs {
+        let permit = semaphore.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let (c, d) = (chunker.clone(), std::sync::Arc::new(d.clone()));
+        tasks.push(tokio::spawn(async move {
+            let r = c.chunk(&d).await;
+            drop(permit);
+            r
+        }));
+    }
+    let (mut chunks, mut vectors) = (Vec::new(), Vec::new());
+    for (doc, t) in tasks.into_iter().enumerate() {
+        let got = t.await.map_err(|e| e.to_string())?.map_err(|e| e.code.as_str().to_string())?;
+        for (c, v) in got.chunks.iter().zip(got.vectors) {
+            // The chunk's own text, its overlap included (what a search returns).
+            chunks.push(Chunk { doc, start: c.start, end: c.end });
+            vectors.push(v);
+        }
+    }
+    Ok((chunks, vectors))
 }
 
 /// Sentence-packed chunks of about `CHUNK_WORDS` words per note.

@@ -145,10 +145,77 @@ pub fn shift(a: &[f32], b: &[f32]) -> f32 {
     1.0 - a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()
 }
 
+/// SEOS sentence groups as unit ranges: each unit with up to `neighbours` units on each side in its segment. Empty
+/// when there are fewer than two units (nothing to cut between).
+pub fn groups(units: &[Unit], neighbours: usize) -> Vec<Range<usize>> {
+    if units.len() < 2 {
+        return Vec::new();
+    }
+    (0..units.len())
+        .map(|i| {
+            let seg = units[i].segment;
+            let mut a = i;
+            while a > 0 && i - a < neighbours && units[a - 1].segment == seg {
+                a -= 1;
+            }
+            let mut b = i;
+            while b + 1 < units.len() && b - i < neighbours && units[b + 1].segment == seg {
+                b += 1;
+            }
+            a..b + 1
+        })
+        .collect()
+}
+
+/// A text vector composed from its units' vectors: their sum weighted by each unit's tokens, scaled to unit
+/// length. The model pools by the mean over tokens, so this is the pooled vector of the concatenation without
+/// the attention across unit boundaries (the approximation that the `sentences` and `composed` SEOS modes make).
+pub fn compose(vectors: &[Vec<f32>], units: &[Unit], range: Range<usize>) -> Vec<f32> {
+    let dim = vectors.first().map_or(0, Vec::len);
+    let mut sum = vec![0f32; dim];
+    for i in range {
+        let w = units[i].tokens as f32;
+        for (s, x) in sum.iter_mut().zip(&vectors[i]) {
+            *s += w * x;
+        }
+    }
+    let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        sum.iter_mut().for_each(|x| *x /= norm);
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn unit(tokens: usize, segment: usize) -> Unit {
+        Unit { start: 0, end: 1, tokens, segment }
+    }
+
+    #[test]
+    fn groups_stay_inside_their_segment() {
+        let units = [unit(3, 0), unit(3, 0), unit(3, 0), unit(3, 1), unit(3, 1)];
+        assert_eq!(groups(&units, 1), vec![0..2, 0..3, 1..3, 3..5, 3..5]);
+        assert_eq!(groups(&units, 2), vec![0..3, 0..3, 0..3, 3..5, 3..5]);
+        assert_eq!(groups(&units, 0), vec![0..1, 1..2, 2..3, 3..4, 4..5]);
+        assert!(groups(&units[..1], 1).is_empty());
+    }
+
+    #[test]
+    fn composed_vectors_weigh_units_by_tokens_and_have_unit_length() {
+        let units = [unit(1, 0), unit(3, 0)];
+        let vectors = vec![vec![1.0, 0.0], vec![0.0, 1.0]];
+        assert_eq!(compose(&vectors, &units, 0..1), vec![1.0, 0.0]);
+        let v = compose(&vectors, &units, 0..2);
+        let want = [1.0 / 10f32.sqrt(), 3.0 / 10f32.sqrt()];
+        assert!((v[0] - want[0]).abs() < 1e-6 && (v[1] - want[1]).abs() < 1e-6, "{v:?}");
+        // Opposite vectors cancel: a zero vector stays zero rather than dividing by zero.
+        let v = compose(&[vec![1.0, 0.0], vec![-1.0, 0.0]], &[unit(2, 0), unit(2, 0)], 0..2);
+        assert_eq!(v, vec![0.0, 0.0]);
+    }
 
     fn units_strategy() -> impl Strategy<Value = (Vec<Unit>, Vec<f32>, ChunkParams)> {
         (16usize..300, 0usize..3, prop::bool::ANY, 1usize..60).prop_flat_map(|(budget, overlap, fixed, n)| {
