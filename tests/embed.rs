@@ -32,6 +32,41 @@ fn cosine(a: &[f32], b: &[f64]) -> f64 {
     dot / (na * nb)
 }
 
+/// The int8 model from `make model` (`embed.model_file = "model.int8.onnx"`): loads, gives unit vectors close to
+/// the numpy reference of the fp32 encoder, and keeps the reference's similarity order between the sentences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_int8_model_stays_close_to_fp32() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.embed.model_file = "model.int8.onnx".into();
+    let embedder = tokio::task::spawn_blocking(move || Embedder::start(&s.embed)).await.unwrap().unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/data/minilm_reference.json")).unwrap())
+            .unwrap();
+    let sentences = reference["sentences"].as_array().unwrap();
+    let texts: Vec<&str> = sentences.iter().map(|s| s["text"].as_str().unwrap()).collect();
+    let want: Vec<Vec<f64>> = sentences
+        .iter()
+        .map(|s| s["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect())
+        .collect();
+    let got = embedder.embed(&texts).await.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        let c = cosine(g, &want[i]);
+        assert!(c >= 0.97, "{:?}: int8 cosine to fp32 {c:.4}", texts[i]);
+        assert!(c < 0.99999, "{:?}: cosine {c:.6} — is this the int8 file?", texts[i]);
+    }
+    // The nearest other sentence of each sentence is the same under int8 and fp32.
+    let nearest = |v: &dyn Fn(usize, usize) -> f64, i: usize| {
+        (0..texts.len()).filter(|&j| j != i).max_by(|&a, &b| v(i, a).total_cmp(&v(i, b))).unwrap()
+    };
+    let dot64 = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let fp32 = |i: usize, j: usize| dot64(&want[i], &want[j]);
+    let int8 = |i: usize, j: usize| got[i].iter().zip(&got[j]).map(|(x, y)| f64::from(x * y)).sum::<f64>();
+    for i in 0..texts.len() {
+        assert_eq!(nearest(&int8, i), nearest(&fp32, i), "nearest neighbour of {:?}", texts[i]);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedder_matches_an_independent_numpy_forward_pass() {
     let dir = tempfile::tempdir().unwrap();

@@ -63,7 +63,7 @@ if ! PYTHONPATH="$QPY:$PY" "$PYTHON" -c "import onnxruntime.quantization" 2>/dev
   "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps --no-index --target "$QPY" \
     "$WHEELS"/onnxruntime-1.31.1-*.whl "$WHEELS"/packaging-25.0-*.whl
 fi
-echo "model: quantizing to int8 (onnxruntime.quantization.quantize_dynamic, weights per tensor)"
+echo "model: quantizing to int8 (onnxruntime.quantization.quantize_dynamic, one weight scale per channel)"
 PYTHONPATH="$QPY:$PY" "$PYTHON" tools/model/quantize_int8.py "$MODELS/all-MiniLM-L6-v2/model.onnx" "$MODELS/all-MiniLM-L6-v2/model.int8.onnx"
 check || { echo "model: checksum mismatch (see above); refusing to use these files" >&2; exit 1; }
 echo "model: ready in $MODELS (checksums verified)"
