@@ -62,8 +62,8 @@ async fn the_int8_model_stays_close_to_fp32() {
     let dot64 = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     let fp32 = |i: usize, j: usize| dot64(&want[i], &want[j]);
     let int8 = |i: usize, j: usize| got[i].iter().zip(&got[j]).map(|(x, y)| f64::from(x * y)).sum::<f64>();
-    for i in 0..texts.len() {
-        assert_eq!(nearest(&int8, i), nearest(&fp32, i), "nearest neighbour of {:?}", texts[i]);
+    for (i, text) in texts.iter().enumerate() {
+        assert_eq!(nearest(&int8, i), nearest(&fp32, i), "nearest neighbour of {text:?}");
     }
 }
 
