@@ -37,18 +37,8 @@ fn cosine(a: &[f32], b: &[f64]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_int8_model_stays_close_to_fp32() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(mut s) = settings(dir.path()) else { return };
-    s.embed.model_file = "model.int8.onnx".into();
-    let embedder = tokio::task::spawn_blocking(move || Embedder::start(&s.embed)).await.unwrap().unwrap();
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("tests/data/minilm_reference.json")).unwrap())
-            .unwrap();
-    let sentences = reference["sentences"].as_array().unwrap();
-    let texts: Vec<&str> = sentences.iter().map(|s| s["text"].as_str().unwrap()).collect();
-    let want: Vec<Vec<f64>> = sentences
-        .iter()
-        .map(|s| s["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect())
-        .collect();
+    let Some((embedder, texts, want)) = with_reference(dir.path(), "model.int8.onnx").await else { return };
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
     let got = embedder.embed(&texts).await.unwrap();
     for (i, g) in got.iter().enumerate() {
         let c = cosine(g, &want[i]);
@@ -119,20 +109,31 @@ async fn embedder_matches_an_independent_numpy_forward_pass() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_half_precision_model_matches_the_reference_too() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(mut s) = settings(dir.path()) else { return };
-    s.embed.model_file = "model.fp16.onnx".into();
+    let Some((embedder, texts, want)) = with_reference(dir.path(), "model.fp16.onnx").await else { return };
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let got = embedder.embed(&texts).await.unwrap();
+    for ((text, v), want) in texts.iter().zip(&got).zip(&want) {
+        let c = cosine(v, want);
+        assert!(c >= 0.999, "fp16 {text:?}: cosine {c:.5} < 0.999");
+    }
+}
+
+/// The embedder for another model file of the default model, with the numpy reference's sentences and fp32
+/// vectors (tests/data/minilm_reference.json).
+async fn with_reference(dir: &Path, model_file: &str) -> Option<(Embedder, Vec<String>, Vec<Vec<f64>>)> {
+    let mut s = settings(dir)?;
+    s.embed.model_file = model_file.into();
     let embedder = tokio::task::spawn_blocking(move || Embedder::start(&s.embed)).await.unwrap().unwrap();
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("tests/data/minilm_reference.json")).unwrap())
             .unwrap();
     let sentences = reference["sentences"].as_array().unwrap();
-    let texts: Vec<&str> = sentences.iter().map(|s| s["text"].as_str().unwrap()).collect();
-    let got = embedder.embed(&texts).await.unwrap();
-    for (s, v) in sentences.iter().zip(&got) {
-        let want: Vec<f64> = s["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-        let c = cosine(v, &want);
-        assert!(c >= 0.999, "fp16 {:?}: cosine {c:.5} < 0.999", s["text"]);
-    }
+    let texts = sentences.iter().map(|s| s["text"].as_str().unwrap().to_string()).collect();
+    let vectors = sentences
+        .iter()
+        .map(|s| s["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect())
+        .collect();
+    Some((embedder, texts, vectors))
 }
 
 /// `bench embed` as the GPU measurements use it: a sweep prints one JSON line per combination, and `--check-cpu`
