@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make bench: every benchmark of docs/benchmarks.md in one run on one machine, same MTSamples notes:
 #   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
+#   1b. start-up (`explain` on one sentence; BASE_BIN beside when given) and how cost grows with note length
+#      (clinstream bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
 #      fp32 model and beside it the int8 model (model.int8.onnx, with its cosine to fp32 on the same inputs);
 #   2b. SEOS vector modes (groups = exact, sentences, composed) on SEOS_NOTES notes (default 200): model tokens per
@@ -34,6 +36,18 @@ fi
 gzip -dc "$SHARED/corpora/mtsamples/mtsamples.csv.gz" > "$WORK/mtsamples.csv"
 echo "clinstream text stages..." >&2
 "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
+echo '{}' > "$WORK/clinstream-base.json"
+if [ -n "${BASE_BIN:-}" ]; then
+  echo "text stages of BASE_BIN ($BASE_BIN), same notes..." >&2
+  "$BASE_BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-base.json"
+fi
+echo "start-up (20 runs, entries alternating)..." >&2
+python3 bench/startup.py 20 "new=$BIN" ${BASE_BIN:+"base=$BASE_BIN"} > "$WORK/startup.json"
+echo '{}' > "$WORK/growth.json"
+if [ "${GROWTH:-1}" != 0 ]; then
+  echo "how cost grows with note length (text stages and indexing, up to 65k-token notes)..." >&2
+  "$BIN" bench growth --csv "$WORK/mtsamples.csv" > "$WORK/growth.json"
+fi
 echo "embedding: the worker's embedder against a bare ONNX Runtime loop (same model, inputs, batches, threads)..." >&2
 "$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
 echo "embedding with the int8 model (and its cosine to fp32 on 3,000 of the same inputs)..." >&2
@@ -91,6 +105,9 @@ python3 - "$WORK" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 work = sys.argv[1]
 c = json.load(open(f"{work}/clinstream.json"))
+cbase = json.load(open(f"{work}/clinstream-base.json"))
+startup = json.load(open(f"{work}/startup.json"))
+growth = json.load(open(f"{work}/growth.json"))
 m = json.load(open(f"{work}/medspacy.json"))
 e = json.load(open(f"{work}/embed.json"))
 e8 = json.load(open(f"{work}/embed-int8.json"))
@@ -108,6 +125,9 @@ result = {
     "machine": {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release()},
     "command": "make bench SHARED=../shared",
     "clinstream": c,
+    "clinstream_base": cbase,
+    "startup": startup,
+    "growth": growth,
     "medspacy": m,
     "embedding": e,
     "embedding_int8": e8,
@@ -132,6 +152,22 @@ print(f"all stages on {c['threads']} threads: {c['all_cores_notes_per_s']:.0f} n
 for run, r in m["runs"].items():
     print(f"medSpaCy ({run}): {r['notes_per_s']:.1f} notes/s, {r['mentions']} target mentions; clinstream/medSpaCy = {ours / r['notes_per_s']:.0f}x per core")
 print(f"clinstream target mentions: {c['target_mentions']}")
+if cbase:
+    b = {s["stage"]: s for s in cbase["single_thread"]}
+    print("this tree / BASE_BIN, notes/s per stage (one thread): " + ", ".join(
+        f"{k} {single[k]['notes_per_s'] / b[k]['notes_per_s']:.2f}" for k in single if k in b))
+for x in startup["entries"]:
+    print(f"start-up {x['name']}: explain median {x['explain_median_ms']:.1f} ms (min {x['explain_min_ms']:.1f}); "
+          f"bare process (--version) {x['version_median_ms']:.1f} ms")
+if growth:
+    print("how cost grows (per note; µs per 1k tokens; peak RSS growth; CLEAR max context vs budget):")
+    for r in growth["rows"]:
+        idx = f"index {r['index_ms']:.0f} ms ({r['index_us_per_1k_tokens']:.0f})" if r.get("index_ms") is not None else ""
+        parts = f" [as {r['parts']} separate notes: {r['parts_text_ms']:.2f} ms]" if r.get("parts") else ""
+        print(f"  {r['note']:<15}{r['tokens']:>7} tokens  text {r['text_ms']:.3f} ms ({r['text_us_per_1k_tokens']:.0f}){parts}  {idx}  "
+              f"RSS +{r['peak_rss_growth_mb']:.0f} MB  CLEAR {r['clear_max_context_tokens']}/{r['token_budget']}")
+    print(f"  per-token cost, longest synthetic / median real note: text {growth['text_per_token_ratio']:.2f}, "
+          f"index {growth['index_per_token_ratio'] or 0:.2f}; CLEAR within budget: {growth['clear_within_budget']}")
 print("CLEAR context tokens (largest variable per note) by note length:")
 for b in c["clear_budget"]:
     if not b["notes"]:

@@ -348,7 +348,6 @@ async fn serves_context_and_search(s: Settings) {
         .pipeline
         .lexicon()
         .concepts()
-        .iter()
         .find(|c| c.preferred.eq_ignore_ascii_case("pneumothorax"))
         .map(|c| c.id.clone())
         .unwrap();

@@ -624,3 +624,176 @@ pub fn quantization(
         })
     })
 }
+
+/// One row of the growth table: a note of `tokens` CLEAR tokens, its text-stage and indexing cost, the peak
+/// resident memory so far, and the largest CLEAR context of any variable against the budget.
+#[derive(Debug, Serialize)]
+pub struct GrowthRow {
+    pub note: String,
+    pub tokens: usize,
+    pub bytes: usize,
+    /// Text stages (decode to knowledge graph): median of `runs` runs.
+    pub text_ms: f64,
+    pub text_us_per_1k_tokens: f64,
+    pub runs: usize,
+    /// Synthetic notes: the real notes it was made of, and the sum of their own text-stage times (median of 5
+    /// runs each) — the cost of the same text as separate notes.
+    pub parts: Option<usize>,
+    pub parts_text_ms: Option<f64>,
+    /// Indexing (units, SEOS plan, chunk vectors): one run.
+    pub index_ms: Option<f64>,
+    pub index_us_per_1k_tokens: Option<f64>,
+    pub embedded_tokens: Option<usize>,
+    pub chunks: Option<usize>,
+    /// Peak resident memory of the process (VmHWM) after this row, above the value before the first row.
+    pub peak_rss_growth_mb: f64,
+    pub clear_max_context_tokens: usize,
+    pub token_budget: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GrowthBench {
+    pub rows: Vec<GrowthRow>,
+    /// Per-token text-stage time of the longest note ÷ that of the median real note (1 = linear).
+    pub text_per_token_ratio: f64,
+    /// The same for indexing (when measured).
+    pub index_per_token_ratio: Option<f64>,
+    pub clear_within_budget: bool,
+}
+
+/// The process's peak resident set (VmHWM, Linux), in MB; 0 elsewhere.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn event_of(id: &str, text: &str) -> Vec<u8> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    serde_json::to_vec(&serde_json::json!({
+        "resourceType": "DocumentReference", "id": id, "status": "current",
+        "content": [{"attachment": {"contentType": "text/plain; charset=utf-8", "data": b64.encode(text)}}]
+    }))
+    .expect("JSON")
+}
+
+/// How cost grows with note length: real notes at the median, 90th and 99th percentile and the longest of the
+/// corpus, then synthetic notes of `synthetic` tokens each made by concatenating real notes (in corpus order). The
+/// text stages run on each (median of several runs), then — with `index` — the indexer's first half (units, SEOS
+/// plan, chunk vectors, on the configured embedder).
+pub fn growth(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    csv_path: &Path,
+    column: &str,
+    synthetic: &[usize],
+    index: bool,
+) -> anyhow::Result<GrowthBench> {
+    use crate::stages::clear::count_tokens;
+    let rows = csv::records(&read(csv_path)?);
+    let texts: Vec<&str> =
+        rows.iter().filter_map(|r| r.get(column)).map(|t| t.as_str()).filter(|t| !t.trim().is_empty()).collect();
+    anyhow::ensure!(!texts.is_empty(), "no notes in column `{column}`");
+    let mut by_len: Vec<(usize, &str)> = texts.iter().map(|t| (count_tokens(t), *t)).collect();
+    by_len.sort_by_key(|(n, _)| *n);
+    let pick = |p: f64| by_len[((by_len.len() - 1) as f64 * p).round() as usize].1.to_string();
+    let mut notes: Vec<(String, String, usize)> = vec![
+        ("real, median".into(), pick(0.5), 0),
+        ("real, p90".into(), pick(0.9), 0),
+        ("real, p99".into(), pick(0.99), 0),
+        ("real, longest".into(), pick(1.0), 0),
+    ];
+    for &target in synthetic {
+        let (mut text, mut parts) = (String::new(), 0);
+        for t in texts.iter().cycle() {
+            if count_tokens(&text) >= target {
+                break;
+            }
+            text.push_str(t);
+            text.push_str("\n\n");
+            parts += 1;
+        }
+        notes.push((format!("synthetic {}k", target / 1000), text, parts));
+    }
+    let median_ms = |event: &[u8], runs: usize| -> f64 {
+        let mut times: Vec<f64> = (0..runs)
+            .map(|_| {
+                let clock = Instant::now();
+                let _ = std::hint::black_box(pipeline.process(event));
+                clock.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let chunker = if index {
+        let embedder = crate::embed::Embedder::start(&settings.embed)?;
+        Some(crate::index::Chunker::new(settings, embedder, pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))?)
+    } else {
+        None
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let start_rss = peak_rss_mb();
+    let mut out = Vec::new();
+    for (i, (label, text, parts)) in notes.iter().enumerate() {
+        let event = event_of(&format!("growth-{i}"), text);
+        let tokens = count_tokens(text);
+        // About 2M tokens of work per row for the small ones, at least 3 runs.
+        let runs = (2_000_000 / tokens.max(1)).clamp(3, 200);
+        let mut times = Vec::with_capacity(runs);
+        let mut doc = None;
+        for _ in 0..runs {
+            let clock = Instant::now();
+            let d = pipeline.process(&event).map_err(|e| anyhow::anyhow!("{}", e.error.code.as_str()))?;
+            times.push(clock.elapsed().as_secs_f64());
+            doc = Some(d);
+        }
+        times.sort_by(f64::total_cmp);
+        let text_s = times[times.len() / 2];
+        let doc = doc.expect("at least one run");
+        let clear_max = doc.variables.iter().map(|v| v.context_tokens).max().unwrap_or(0);
+        let (mut index_ms, mut embedded, mut chunks) = (None, None, None);
+        if let Some(c) = &chunker {
+            let doc = std::sync::Arc::new(doc);
+            let clock = Instant::now();
+            let chunked = rt.block_on(c.chunk(&doc)).map_err(|e| anyhow::anyhow!("{}", e.code.as_str()))?;
+            index_ms = Some(clock.elapsed().as_secs_f64() * 1e3);
+            embedded = Some(chunked.embedded_tokens);
+            chunks = Some(chunked.chunks.len());
+        }
+        let per_k = |ms: f64| ms * 1e3 / (tokens.max(1) as f64 / 1000.0);
+        let parts_text_ms = (*parts > 0)
+            .then(|| texts.iter().cycle().take(*parts).map(|t| median_ms(&event_of("growth-part", t), 5)).sum::<f64>());
+        out.push(GrowthRow {
+            note: label.clone(),
+            tokens,
+            bytes: text.len(),
+            text_ms: text_s * 1e3,
+            text_us_per_1k_tokens: per_k(text_s * 1e3),
+            runs,
+            parts: (*parts > 0).then_some(*parts),
+            parts_text_ms,
+            index_ms,
+            index_us_per_1k_tokens: index_ms.map(per_k),
+            embedded_tokens: embedded,
+            chunks,
+            peak_rss_growth_mb: peak_rss_mb() - start_rss,
+            clear_max_context_tokens: clear_max,
+            token_budget: settings.clear.token_budget,
+        });
+    }
+    let last = out.last().expect("rows");
+    let text_ratio = last.text_us_per_1k_tokens / out[0].text_us_per_1k_tokens.max(1e-12);
+    let index_ratio = last.index_us_per_1k_tokens.zip(out[0].index_us_per_1k_tokens).map(|(a, b)| a / b.max(1e-12));
+    let within = out.iter().all(|r| r.clear_max_context_tokens <= r.token_budget);
+    Ok(GrowthBench {
+        rows: out,
+        text_per_token_ratio: text_ratio,
+        index_per_token_ratio: index_ratio,
+        clear_within_budget: within,
+    })
+}

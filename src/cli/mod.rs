@@ -262,6 +262,22 @@ enum BenchCommand {
         #[arg(long)]
         targets_out: Option<PathBuf>,
     },
+    /// How cost grows with note length: text stages and indexing per note for real notes (median, p90, p99,
+    /// longest) and synthetic notes made by concatenation; peak memory; the CLEAR context against its budget (JSON).
+    Growth {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        /// Synthetic note lengths in CLEAR tokens (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [10_000usize, 20_000, 40_000, 65_000])]
+        synthetic: Vec<usize>,
+        /// Text stages only (no embedding).
+        #[arg(long)]
+        no_index: bool,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Embedding tokens/s inside the worker (handle, batching thread) against a bare ONNX Runtime loop over the
     /// same model, inputs, batch plan and threads; prints JSON with the ratio. Uses the `embed.*` settings
     /// (`--config` or CLINSTREAM__EMBED__EXECUTION_PROVIDER=cuda for the GPU).
@@ -671,6 +687,12 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             // The stored notes, then enough further notes for the held-out queries.
             let events = bench::events(&csv, &column, Some(notes + 50)).context("reading the corpus")?;
             let r = bench::quantization(&settings, &pipeline, &events, notes, queries, top, &url)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { command: BenchCommand::Growth { csv, column, synthetic, no_index, config } } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let r = bench::growth(&settings, &pipeline, &csv, &column, &synthetic, !no_index)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -1,11 +1,14 @@
 //! The entity lexicon and the phrase matcher.
 //!
 //! The lexicon (`data/lexicon/`, built by `tools/build_lexicon.py` from open vocabularies, compiled into the
-//! binary) maps terms to canonical concepts of six kinds. `Lexicon::builtin()` loads it once per process and builds
-//! one automaton over every term; callers add their own terms (CLEAR variable synonyms) with `Lexicon::with_extra`.
+//! binary) maps terms to canonical concepts of six kinds. `Lexicon::builtin()` loads it once per process with the
+//! automaton over every term that `build.rs` compiled from the same file (so start-up reads it instead of building
+//! it); callers add their own terms (CLEAR variable synonyms) with `Lexicon::with_extra`, which compiles a second,
+//! small automaton over those terms only and searches both.
 //! Matching: ASCII case folding except for abbreviations (case-sensitive), word boundaries, whitespace runs
 //! tolerated, longest-leftmost non-overlapping.
 
+pub mod compile;
 pub mod matcher;
 
 use std::collections::HashMap;
@@ -13,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
-use matcher::PhraseMatcher;
+use matcher::{PhraseMatcher, find_all_of, select_longest};
 
 pub use crate::model::EntityKind;
 
@@ -26,6 +29,8 @@ pub struct LexiconError(pub String);
 const CONCEPTS_TSV: &str = include_str!("../../data/lexicon/concepts.tsv");
 const TERMS_TSV: &str = include_str!("../../data/lexicon/terms.tsv");
 const VERSION: &str = include_str!("../../data/lexicon/VERSION");
+/// `TERMS_TSV`'s phrase automaton, compiled by `build.rs` (`compile::Compiled::to_bytes`).
+const COMPILED_TERMS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lexicon-terms.automaton"));
 
 /// A canonical concept: id (`DOID:…`, `MESH:…`, `SYMP:…`, `CS:…`), kind, preferred term, source codes.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -46,22 +51,44 @@ pub struct TermMatch {
 }
 
 pub struct Lexicon {
+    /// The parsed vocabulary: shared, never copied, by every `with_extra` lexicon built on it.
+    base: Arc<Base>,
+    /// What `with_extra` added: concepts (indexes after the base's), their ids, terms (phrase indexes after the
+    /// base's) and the small matcher over those terms.
+    extra_concepts: Vec<Concept>,
+    extra_by_id: HashMap<String, u32>,
+    extra_terms: Vec<(String, bool)>,
+    extra_term_concept: Vec<u32>,
+    extra: Option<PhraseMatcher>,
+    version: String,
+}
+
+struct Base {
     concepts: Vec<Concept>,
     /// Parent concepts (Disease Ontology `subClassOf`, MeSH tree parents), by concept index.
     parents: Vec<Vec<u32>>,
-    by_id: HashMap<String, u32>,
-    /// Concept of each matcher phrase.
+    /// The inverse of `parents` (children by concept index), built on first use.
+    children: OnceLock<Vec<Vec<u32>>>,
+    /// Concept ids are our own data, not input: the fast non-keyed hash is fine (start-up inserts 21k and looks
+    /// up 92k).
+    by_id: rustc_hash::FxHashMap<String, u32>,
+    /// (term, case_sensitive) of each matcher phrase, and its concept.
+    terms: TermTexts,
     term_concept: Vec<u32>,
-    /// (term, case_sensitive) of each matcher phrase, kept to rebuild with extra terms.
-    terms: Vec<(String, bool)>,
-    /// Built on first use: the built-in lexicon is usually only the base of `with_extra`.
+    /// The matcher over `terms`: loaded from the build-time automaton for the built-in lexicon, otherwise built on
+    /// first use.
     matcher: OnceLock<Result<PhraseMatcher, LexiconError>>,
-    version: String,
+}
+
+impl Base {
+    fn matcher(&self) -> Result<&PhraseMatcher, LexiconError> {
+        self.matcher.get_or_init(|| PhraseMatcher::new(self.terms.iter())).as_ref().map_err(Clone::clone)
+    }
 }
 
 impl std::fmt::Debug for Lexicon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lexicon").field("concepts", &self.concepts.len()).field("version", &self.version).finish()
+        f.debug_struct("Lexicon").field("concepts", &self.concept_count()).field("version", &self.version).finish()
     }
 }
 
@@ -76,20 +103,28 @@ pub struct ExtraTerm {
 }
 
 impl Lexicon {
-    /// The built-in lexicon, parsed and compiled once per process.
+    /// The built-in lexicon, parsed once per process, with the automaton `build.rs` compiled from the same terms.
     pub fn builtin() -> Arc<Lexicon> {
         static LEX: OnceLock<Arc<Lexicon>> = OnceLock::new();
-        LEX.get_or_init(|| Arc::new(Lexicon::parse(CONCEPTS_TSV, TERMS_TSV, VERSION.trim()).expect("built-in lexicon")))
-            .clone()
+        LEX.get_or_init(|| {
+            let lexicon = Lexicon::parse(CONCEPTS_TSV, TERMS_TSV, VERSION.trim()).expect("built-in lexicon");
+            let matcher = PhraseMatcher::from_compiled(COMPILED_TERMS, lexicon.base.terms.iter())
+                .expect("the build-time automaton of the built-in lexicon");
+            let _ = lexicon.base.matcher.set(Ok(matcher));
+            Arc::new(lexicon)
+        })
+        .clone()
     }
 
     pub fn parse(concepts_tsv: &str, terms_tsv: &str, version: &str) -> Result<Self, LexiconError> {
         let mut concepts = Vec::new();
-        let mut by_id = HashMap::new();
+        let mut by_id = rustc_hash::FxHashMap::default();
         let mut parent_ids: Vec<&str> = Vec::new();
-        for (n, line) in concepts_tsv.lines().enumerate().filter(|(_, l)| !l.starts_with('#') && !l.is_empty()) {
-            let c: Vec<&str> = line.split('\t').collect();
-            let [id, kind, preferred, codes, parents] = c[..] else {
+        for (n, line) in lines(concepts_tsv).enumerate().filter(|(_, l)| !l.starts_with('#') && !l.is_empty()) {
+            let mut c = fields(line);
+            let (Some(id), Some(kind), Some(preferred), Some(codes), Some(parents), None) =
+                (c.next(), c.next(), c.next(), c.next(), c.next(), c.next())
+            else {
                 return Err(LexiconError(format!("concepts line {}", n + 1)));
             };
             parent_ids.push(parents);
@@ -105,91 +140,104 @@ impl Lexicon {
         }
         let parents =
             parent_ids.iter().map(|ps| ps.split('|').filter_map(|p| by_id.get(p).copied()).collect()).collect();
-        let mut terms = Vec::new();
+        let mut terms = TermTexts::default();
         let mut term_concept = Vec::new();
-        for (n, line) in terms_tsv.lines().enumerate().filter(|(_, l)| !l.starts_with('#') && !l.is_empty()) {
-            let c: Vec<&str> = line.split('\t').collect();
-            let [term, id, case_sensitive, ..] = c[..] else {
+        for (n, line) in lines(terms_tsv).enumerate().filter(|(_, l)| !l.starts_with('#') && !l.is_empty()) {
+            let mut c = fields(line);
+            let (Some(term), Some(id), Some(case_sensitive)) = (c.next(), c.next(), c.next()) else {
                 return Err(LexiconError(format!("terms line {}", n + 1)));
             };
             let concept =
                 *by_id.get(id).ok_or_else(|| LexiconError(format!("terms line {}: unknown concept", n + 1)))?;
-            terms.push((term.to_string(), case_sensitive == "1"));
+            terms.push(term, case_sensitive == "1");
             term_concept.push(concept);
         }
+        let base =
+            Base { concepts, parents, children: OnceLock::new(), by_id, terms, term_concept, matcher: OnceLock::new() };
         Ok(Self {
-            concepts,
-            parents,
-            by_id,
-            term_concept,
-            terms,
-            matcher: OnceLock::new(),
+            base: Arc::new(base),
+            extra_concepts: Vec::new(),
+            extra_by_id: HashMap::new(),
+            extra_terms: Vec::new(),
+            extra_term_concept: Vec::new(),
+            extra: None,
             version: version.to_string(),
         })
     }
 
-    /// A copy with extra terms (variable synonyms); new concept ids become new concepts.
+    /// A lexicon with extra terms (variable synonyms) on top of this one's; new concept ids become new concepts.
+    /// The parsed base is shared, not copied, and its automaton is reused: only the extra terms are compiled.
     pub fn with_extra(&self, extra: &[ExtraTerm]) -> Result<Self, LexiconError> {
-        let mut concepts = self.concepts.clone();
-        let mut parents = self.parents.clone();
-        let mut by_id = self.by_id.clone();
-        let mut terms = self.terms.clone();
-        let mut term_concept = self.term_concept.clone();
-        for e in extra {
-            let idx = *by_id.entry(e.concept_id.clone()).or_insert_with(|| {
-                concepts.push(Concept {
-                    id: e.concept_id.clone(),
-                    kind: e.kind,
-                    preferred: e.preferred.clone(),
-                    codes: vec![],
-                });
-                parents.push(Vec::new());
-                (concepts.len() - 1) as u32
-            });
-            terms.push((e.text.to_lowercase(), false));
-            term_concept.push(idx);
-        }
-        let lexicon = Self {
-            concepts,
-            parents,
-            by_id,
-            term_concept,
-            terms,
-            matcher: OnceLock::new(),
+        self.base.matcher()?;
+        let mut out = Self {
+            base: self.base.clone(),
+            extra_concepts: self.extra_concepts.clone(),
+            extra_by_id: self.extra_by_id.clone(),
+            extra_terms: self.extra_terms.clone(),
+            extra_term_concept: self.extra_term_concept.clone(),
+            extra: None,
             version: self.version.clone(),
         };
-        lexicon.warm()?;
-        Ok(lexicon)
+        for e in extra {
+            let idx = match out.concept_index(&e.concept_id) {
+                Some(idx) => idx,
+                None => {
+                    let idx = out.concept_count() as u32;
+                    out.extra_concepts.push(Concept {
+                        id: e.concept_id.clone(),
+                        kind: e.kind,
+                        preferred: e.preferred.clone(),
+                        codes: vec![],
+                    });
+                    out.extra_by_id.insert(e.concept_id.clone(), idx);
+                    idx
+                }
+            };
+            out.extra_terms.push((e.text.to_lowercase(), false));
+            out.extra_term_concept.push(idx);
+        }
+        out.extra = Some(PhraseMatcher::new(out.extra_terms.iter().map(|(t, c)| (t.as_str(), *c)))?);
+        Ok(out)
     }
 
     pub fn version(&self) -> &str {
         &self.version
     }
 
-    pub fn concepts(&self) -> &[Concept] {
-        &self.concepts
+    fn concept_count(&self) -> usize {
+        self.base.concepts.len() + self.extra_concepts.len()
+    }
+
+    /// Every concept, in index order (`TermMatch::concept` indexes this sequence).
+    pub fn concepts(&self) -> impl Iterator<Item = &Concept> {
+        self.base.concepts.iter().chain(&self.extra_concepts)
     }
 
     pub fn concept(&self, index: u32) -> &Concept {
-        &self.concepts[index as usize]
+        let i = index as usize;
+        self.base.concepts.get(i).unwrap_or_else(|| &self.extra_concepts[i - self.base.concepts.len()])
     }
 
     pub fn concept_index(&self, id: &str) -> Option<u32> {
-        self.by_id.get(id).copied()
+        self.base.by_id.get(id).or_else(|| self.extra_by_id.get(id)).copied()
     }
 
-    /// The concepts and all their descendants (children, grandchildren, ...).
+    /// The concepts and all their descendants (children, grandchildren, ...). Concepts added by `with_extra` have
+    /// neither parents nor children.
     pub fn with_descendants(&self, roots: &[u32]) -> std::collections::HashSet<u32> {
-        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-        for (child, ps) in self.parents.iter().enumerate() {
-            for p in ps {
-                children.entry(*p).or_default().push(child as u32);
+        let children = self.base.children.get_or_init(|| {
+            let mut children = vec![Vec::new(); self.base.parents.len()];
+            for (child, ps) in self.base.parents.iter().enumerate() {
+                for &p in ps {
+                    children[p as usize].push(child as u32);
+                }
             }
-        }
+            children
+        });
         let mut seen: std::collections::HashSet<u32> = roots.iter().copied().collect();
         let mut queue: Vec<u32> = roots.to_vec();
         while let Some(c) = queue.pop() {
-            for &k in children.get(&c).map(Vec::as_slice).unwrap_or(&[]) {
+            for &k in children.get(c as usize).map(Vec::as_slice).unwrap_or(&[]) {
                 if seen.insert(k) {
                     queue.push(k);
                 }
@@ -200,30 +248,99 @@ impl Lexicon {
 
     /// Every term (lower-cased unless case-sensitive) with its concept index.
     pub fn terms(&self) -> impl Iterator<Item = (&str, u32)> {
-        self.terms.iter().zip(&self.term_concept).map(|((t, _), c)| (t.as_str(), *c))
+        let base = self.base.terms.iter().zip(self.base.term_concept.iter().copied()).map(|((t, _), c)| (t, c));
+        base.chain(self.extra_terms.iter().zip(&self.extra_term_concept).map(|((t, _), c)| (t.as_str(), *c)))
     }
 
     /// Builds the automaton now (it is otherwise built on first use); reports a build failure.
     pub fn warm(&self) -> Result<(), LexiconError> {
-        self.matcher().map(|_| ())
+        self.base.matcher().map(|_| ())
     }
 
-    fn matcher(&self) -> Result<&PhraseMatcher, LexiconError> {
-        self.matcher
-            .get_or_init(|| PhraseMatcher::new(self.terms.iter().map(|(t, cs)| (t.as_str(), *cs))))
-            .as_ref()
-            .map_err(Clone::clone)
+    /// The concept of the term whose text is exactly `text` (the last such term), if the lexicon has one.
+    pub fn term_concept(&self, text: &str) -> Option<u32> {
+        let extra = self.extra.as_ref().and_then(|m| {
+            let found = m.exact(text).into_iter().filter(|&p| self.extra_terms[p as usize].0 == text).max();
+            found.map(|p| self.extra_term_concept[p as usize])
+        });
+        extra.or_else(|| {
+            let found = self.base.matcher().ok()?.exact(text);
+            let found = found.into_iter().filter(|&p| self.base.terms.get(p as usize) == text).max();
+            found.map(|p| self.base.term_concept[p as usize])
+        })
     }
 
     /// Longest-leftmost matches of lexicon terms in `text`.
     pub fn find(&self, text: &str) -> Vec<TermMatch> {
-        let Ok(matcher) = self.matcher() else { return Vec::new() };
-        matcher
-            .find(text)
+        let Ok(base) = self.base.matcher() else { return Vec::new() };
+        let mut matchers = vec![(base, 0)];
+        let n = self.base.terms.len() as u32;
+        if let Some(extra) = &self.extra {
+            matchers.push((extra, n));
+        }
+        select_longest(find_all_of(&matchers, text))
             .into_iter()
-            .map(|m| TermMatch { start: m.start, end: m.end, concept: self.term_concept[m.phrase as usize] })
+            .map(|m| {
+                let concept = match m.phrase.checked_sub(n) {
+                    Some(p) => self.extra_term_concept[p as usize],
+                    None => self.base.term_concept[m.phrase as usize],
+                };
+                TermMatch { start: m.start, end: m.end, concept }
+            })
             .collect()
     }
+}
+
+/// Term texts in one buffer: start-up parses 92k of them, one allocation instead of one each.
+#[derive(Default)]
+struct TermTexts {
+    text: String,
+    /// (start, end, case_sensitive) in `text`.
+    spans: Vec<(u32, u32, bool)>,
+}
+
+impl TermTexts {
+    fn push(&mut self, term: &str, case_sensitive: bool) {
+        let start = self.text.len() as u32;
+        self.text.push_str(term);
+        self.spans.push((start, self.text.len() as u32, case_sensitive));
+    }
+
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn get(&self, i: usize) -> &str {
+        let (a, b, _) = self.spans[i];
+        &self.text[a as usize..b as usize]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, bool)> + Clone {
+        self.spans.iter().map(|&(a, b, cs)| (&self.text[a as usize..b as usize], cs))
+    }
+}
+
+/// The lines of a TSV file (`\n` or `\r\n`), found with SIMD `memchr` (start-up parses 114k of them).
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    memchr::memchr_iter(b'\n', text.as_bytes()).chain(std::iter::once(text.len())).filter_map(move |end| {
+        if start > text.len() {
+            return None;
+        }
+        let line = &text[start..end];
+        start = end + 1;
+        Some(line.strip_suffix('\r').unwrap_or(line))
+    })
+}
+
+/// The tab-separated fields of a line.
+fn fields(line: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    memchr::memchr_iter(b'\t', line.as_bytes()).chain(std::iter::once(line.len())).map(move |end| {
+        let field = &line[start..end];
+        start = end + 1;
+        field
+    })
 }
 
 #[cfg(test)]
@@ -233,7 +350,7 @@ mod tests {
     #[test]
     fn builtin_lexicon_finds_the_six_kinds() {
         let lex = Lexicon::builtin();
-        assert!(lex.concepts().len() > 10_000);
+        assert!(lex.concepts().count() > 10_000);
         assert!(lex.version().starts_with("clinstream-lexicon-"));
         let text =
             "Pt with HTN and chest pain, on aspirin; CBC ordered; CT scan of the abdomen showed pleural effusions.";
@@ -250,6 +367,58 @@ mod tests {
             assert!(found.contains(&expected), "{expected:?} not in {found:?}");
         }
         assert!(!found.iter().any(|(t, _)| *t == "Pt"), "stop words are not entities: {found:?}");
+    }
+
+    #[test]
+    fn tsv_lines_and_fields() {
+        let text = "a\tb\r\n#c\n\nd\te\tf";
+        let got: Vec<Vec<&str>> = lines(text).map(|l| fields(l).collect()).collect();
+        assert_eq!(got, vec![vec!["a", "b"], vec!["#c"], vec![""], vec!["d", "e", "f"]]);
+        assert_eq!(lines("x\n").collect::<Vec<_>>(), vec!["x", ""]);
+        let std_lines: Vec<&str> = TERMS_TSV.lines().collect();
+        assert_eq!(
+            lines(TERMS_TSV).filter(|l| !l.is_empty()).collect::<Vec<_>>(),
+            std_lines.into_iter().filter(|l| !l.is_empty()).collect::<Vec<_>>()
+        );
+    }
+
+    /// The automaton compiled at build time finds exactly what one compiled now from the same terms finds, and a
+    /// compiled form of other phrases (or a damaged one) is refused.
+    #[test]
+    fn the_build_time_automaton_matches_one_built_now() {
+        let loaded = Lexicon::builtin();
+        let built = Lexicon::parse(CONCEPTS_TSV, TERMS_TSV, VERSION.trim()).unwrap();
+        built.warm().unwrap();
+        let texts = [
+            "Pt with HTN, DM2 and CHF; no chest pain. MS and ms. Pleural  effusions\nbilaterally; s/p CABG.",
+            include_str!("../../tests/fixtures/mtsamples/1288-soap--chart--progress-notes.txt"),
+            include_str!("../../tests/fixtures/mtsamples/17-cardiovascular--pulmonary.txt"),
+            include_str!("../../tests/fixtures/mtsamples/1948-pain-management.txt"),
+        ];
+        for text in texts {
+            let (a, b) = (loaded.find(text), built.find(text));
+            assert!(a.len() > 3);
+            assert_eq!(a, b);
+        }
+        let terms = loaded.base.terms.iter();
+        assert!(PhraseMatcher::from_compiled(COMPILED_TERMS, terms.clone().take(10)).is_err());
+        let mut damaged = COMPILED_TERMS.to_vec();
+        damaged.truncate(damaged.len() / 2);
+        assert!(PhraseMatcher::from_compiled(&damaged, terms.clone()).is_err());
+        assert!(PhraseMatcher::from_compiled(b"not an automaton", terms).is_err());
+    }
+
+    #[test]
+    fn exact_term_lookup() {
+        let lex = Lexicon::builtin();
+        let htn = lex.term_concept("htn").expect("htn is a term");
+        assert_eq!(lex.concept(htn).id, "DOID:10763");
+        assert_eq!(lex.term_concept("htn and"), None);
+        assert_eq!(lex.term_concept("ht"), None);
+        let by_map: HashMap<&str, u32> = lex.terms().collect();
+        for t in ["chest pain", "aspirin", "MS", "pleural effusions"] {
+            assert_eq!(lex.term_concept(t), by_map.get(t).copied(), "{t}");
+        }
     }
 
     #[test]

@@ -137,7 +137,7 @@ impl LabelIndex {
                 }
             }
         }
-        for (c, concept) in lexicon.concepts().iter().enumerate() {
+        for (c, concept) in lexicon.concepts().enumerate() {
             if !concept.id.starts_with("CS:variable:") {
                 out.push((Target::Concept(c as u32), concept.preferred.to_lowercase()));
             }

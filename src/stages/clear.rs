@@ -62,7 +62,6 @@ pub fn compile(
     let mut extra = Vec::new();
     // A synonym the lexicon already has targets that term's concept (no duplicate pattern, whose match would
     // be ambiguous); other synonyms become terms of the variable's own concept.
-    let known: std::collections::HashMap<&str, u32> = base.terms().collect();
     let mut known_targets: Vec<Vec<u32>> = vec![Vec::new(); defs.len()];
     for (i, d) in defs.iter().enumerate() {
         let key = format!("clear.variables[{i}] ({})", d.name);
@@ -93,7 +92,7 @@ pub fn compile(
             problems.push(format!("{key}: window_words and token_budget must be greater than 0"));
         }
         for s in &d.synonyms {
-            if let Some(&c) = known.get(s.to_lowercase().as_str()) {
+            if let Some(c) = base.term_concept(&s.to_lowercase()) {
                 known_targets[i].push(c);
                 continue;
             }
@@ -204,14 +203,29 @@ pub fn count_tokens(text: &str) -> usize {
 /// Evaluates every variable on one note.
 pub fn evaluate(text: &str, sections: &[Section], mentions: &[Mention], vars: &[Variable]) -> Vec<VariableResult> {
     let words = word_spans(text);
-    vars.iter().map(|v| evaluate_one(text, sections, mentions, &words, v)).collect()
+    let prefix = token_prefix(text, &words);
+    vars.iter().map(|v| evaluate_one(sections, mentions, &words, &prefix, v)).collect()
+}
+
+/// `prefix[i]` = tokens in the first `i` words. Words are whitespace-separated and `count_tokens` counts nothing
+/// in whitespace, so the tokens of words `lo..=hi` are `prefix[hi + 1] - prefix[lo]`: shrinking a window word by
+/// word costs O(1) a step, not a recount of the window (which made long notes quadratic).
+fn token_prefix(text: &str, words: &[(usize, usize)]) -> Vec<usize> {
+    let mut prefix = Vec::with_capacity(words.len() + 1);
+    prefix.push(0);
+    let mut total = 0;
+    for &(a, b) in words {
+        total += count_tokens(&text[a..b]);
+        prefix.push(total);
+    }
+    prefix
 }
 
 fn evaluate_one(
-    text: &str,
     sections: &[Section],
     mentions: &[Mention],
     words: &[(usize, usize)],
+    prefix: &[usize],
     v: &Variable,
 ) -> VariableResult {
     let targets: Vec<&Mention> = mentions
@@ -240,7 +254,7 @@ fn evaluate_one(
     let mut kept = Vec::new();
     let mut remaining = v.token_budget;
     for (mut lo, mut hi, ms) in windows {
-        let span_tokens = |lo: usize, hi: usize| count_tokens(&text[words[lo].0..words[hi].1]);
+        let span_tokens = |lo: usize, hi: usize| prefix[hi + 1] - prefix[lo];
         let mut tokens = span_tokens(lo, hi);
         if tokens > remaining {
             // Shrink around the window's mentions until it fits.
@@ -339,6 +353,15 @@ mod tests {
     #[test]
     fn tokens_and_words() {
         assert_eq!(count_tokens("No pleural effusion, or pneumothorax."), 7);
+        // Word prefix sums give every span's count.
+        let text = "Pt c/o  SOB,\nno fever; BP 120/80 — stable.\t Plan: f/u.";
+        let words = word_spans(text);
+        let prefix = token_prefix(text, &words);
+        for lo in 0..words.len() {
+            for hi in lo..words.len() {
+                assert_eq!(prefix[hi + 1] - prefix[lo], count_tokens(&text[words[lo].0..words[hi].1]), "{lo}..={hi}");
+            }
+        }
         assert_eq!(word_spans(" a  bc\nd "), vec![(1, 2), (4, 6), (7, 8)]);
     }
 }

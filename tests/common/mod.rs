@@ -33,9 +33,18 @@ pub fn clinstream() -> Command {
     cmd
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port nothing listens on, never handed out twice in one test process (tests run in parallel and
+/// start servers on these ports; the OS may give a just-released ephemeral port to the next `bind(0)`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Polls `f` until it returns true (panics with `what` after `timeout`).

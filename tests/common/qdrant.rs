@@ -116,18 +116,24 @@ impl QdrantServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         while !self.ready() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("the Qdrant server exited ({status}) before it was ready:\n{}", self.log());
+            }
             assert!(Instant::now() < deadline, "the Qdrant server did not become ready:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// `/readyz` answers 200 (with TLS, which the plain-HTTP probe cannot speak: the REST port accepts).
+    /// Ready for the tests: `/readyz` answers 200 on the REST port *and* the gRPC port (the one the store uses)
+    /// accepts. Qdrant binds the two servers on separate threads, so REST can answer before gRPC listens — the
+    /// first call of a test then failed with a transport error. With TLS, which the plain-HTTP probe cannot speak,
+    /// both ports must accept.
     pub fn ready(&self) -> bool {
+        let grpc = std::net::TcpStream::connect(("127.0.0.1", self.grpc_port)).is_ok();
         if self.url.starts_with("https://") {
-            return std::net::TcpStream::connect(("127.0.0.1", self.http_port)).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", self.grpc_port)).is_ok();
+            return grpc && std::net::TcpStream::connect(("127.0.0.1", self.http_port)).is_ok();
         }
-        super::http_get(self.http_port, "/readyz").is_some_and(|(status, _)| status == 200)
+        grpc && super::http_get(self.http_port, "/readyz").is_some_and(|(status, _)| status == 200)
     }
 
     /// SIGKILL (an outage without warning); `restart` brings it back on the same storage.
