@@ -60,19 +60,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Wraps each note's text as a DocumentReference event (so decoding is measured too).
 pub fn events(csv_path: &Path, column: &str, limit: Option<usize>) -> Result<Vec<Vec<u8>>, EvalError> {
     let rows = csv::records(&read(csv_path)?);
-    let b64 = base64::engine::general_purpose::STANDARD;
     Ok(rows
         .iter()
         .filter_map(|r| r.get(column).filter(|t| !t.trim().is_empty()))
         .take(limit.unwrap_or(usize::MAX))
         .enumerate()
-        .map(|(i, text)| {
-            serde_json::to_vec(&serde_json::json!({
-                "resourceType": "DocumentReference", "id": format!("bench-{i}"), "status": "current",
-                "content": [{"attachment": {"contentType": "text/plain; charset=utf-8", "data": b64.encode(text)}}]
-            }))
-            .expect("JSON")
-        })
+        .map(|(i, text)| event_of(&format!("bench-{i}"), text))
         .collect())
 }
 
@@ -672,6 +665,7 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// A note's text as a DocumentReference event.
 fn event_of(id: &str, text: &str) -> Vec<u8> {
     let b64 = base64::engine::general_purpose::STANDARD;
     serde_json::to_vec(&serde_json::json!({

@@ -273,12 +273,12 @@ impl Lexicon {
     /// Longest-leftmost matches of lexicon terms in `text`.
     pub fn find(&self, text: &str) -> Vec<TermMatch> {
         let Ok(base) = self.base.matcher() else { return Vec::new() };
-        let mut matchers = vec![(base, 0)];
         let n = self.base.terms.len() as u32;
-        if let Some(extra) = &self.extra {
-            matchers.push((extra, n));
-        }
-        select_longest(find_all_of(&matchers, text))
+        let found = match &self.extra {
+            Some(extra) => find_all_of(&[(base, 0), (extra, n)], text),
+            None => find_all_of(&[(base, 0)], text),
+        };
+        select_longest(found)
             .into_iter()
             .map(|m| {
                 let concept = match m.phrase.checked_sub(n) {
