@@ -124,6 +124,9 @@ pub struct ServeSettings {
     pub timeout_ms: u64,
     /// Words each side of a mention in a context window (at most `store.window_words`).
     pub window_words: usize,
+    /// After the CLEAR windows, fill what is left of the budget with the patient's chunks nearest the question
+    /// (dense search, same filters); a request's `fill` overrides it.
+    pub fill: bool,
     /// Counts context tokens with this `tokenizer.json` (the downstream LLM's); empty = the embedding model's.
     pub tokenizer: String,
     /// Where the concept-label embeddings are cached (per model and lexicon version); empty = not cached.

@@ -959,7 +959,7 @@ async fn eval_qa_on_a_small_record_set() {
     std::fs::write(&questions_path, questions.join("\n").replace("qd-a", "a").replace("qd-b", "b")).unwrap();
     let pipeline = Pipeline::new(&s).unwrap();
     let embedder = Embedder::start_async(&s.embed).await.unwrap();
-    let strategies: Vec<String> = ["clear", "dense", "bm25", "hybrid"].map(String::from).to_vec();
+    let strategies: Vec<String> = ["clear", "clear-windows", "dense", "bm25", "hybrid"].map(String::from).to_vec();
     let cache = dir.path().join("cache");
     let run = clinstream::eval::qa::QaRun {
         documents: &documents,
@@ -984,7 +984,12 @@ async fn eval_qa_on_a_small_record_set() {
     assert_eq!(clear.unaligned, 0);
     assert_eq!(clear.evidence_recall, 1.0, "{clear:?}");
     assert_eq!(clear.answer_accuracy, 1.0, "{clear:?}");
-    assert!(clear.mean_tokens < r.strategies[1].mean_tokens, "entity windows are smaller than chunks: {r:?}");
+    let windows = &r.strategies[1];
+    assert_eq!(windows.strategy, "clear-windows");
+    assert_eq!((windows.evidence_recall, windows.answer_accuracy), (1.0, 1.0), "{windows:?}");
+    assert!(windows.mean_tokens < r.strategies[2].mean_tokens, "entity windows are smaller than chunks: {r:?}");
+    // The fill adds chunks in what the windows left of the budget; the answers stay the windows'.
+    assert!(clear.mean_tokens > windows.mean_tokens, "{r:?}");
     // The label embeddings were cached, and a second run reads them instead of embedding again.
     let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
@@ -1007,5 +1012,5 @@ async fn eval_qa_on_a_small_record_set() {
         assert_eq!(st.isolation_violations, 0, "{st:?}");
         assert!(st.max_tokens <= 64 && st.over_budget == 0, "{st:?}");
     }
-    assert_eq!(again.strategies[1].evidence_recall, 1.0, "dense over index chunks: {:?}", again.strategies[1]);
+    assert_eq!(again.strategies[2].evidence_recall, 1.0, "dense over index chunks: {:?}", again.strategies[2]);
 }

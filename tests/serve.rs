@@ -190,6 +190,12 @@ fn doc_ids(v: &Value) -> Vec<String> {
     v["windows"].as_array().unwrap().iter().map(|w| w["doc_id"].as_str().unwrap().to_string()).collect()
 }
 
+/// The notes of the fill chunks (`chunks` of a `clear` response).
+fn chunk_doc_ids(v: &Value) -> Vec<String> {
+    let chunks = v.get("chunks").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+    chunks.iter().map(|c| c["payload"]["doc_id"].as_str().unwrap().to_string()).collect()
+}
+
 async fn serves_context_and_search(s: Settings) {
     let api = Running::start(&s).await;
     let effusion =
@@ -229,6 +235,29 @@ async fn serves_context_and_search(s: Settings) {
     // The note is about 350 words; the ±150-word window around the mention is not the whole note.
     let long = v["windows"].as_array().unwrap().iter().find(|w| w["doc_id"] == "p1-b").unwrap();
     assert!(long["text"].as_str().unwrap().split_whitespace().count() < 250, "{long}");
+    // Fill: what the windows left of the budget holds p1's chunks nearest the question, none overlapping a window;
+    // the tokens count both and stay inside the budget.
+    let window_tokens: u64 = v["windows"].as_array().unwrap().iter().map(|w| w["tokens"].as_u64().unwrap()).sum();
+    let chunks = v["chunks"].as_array().expect("fill chunks");
+    assert!(!chunks.is_empty() && v["tokens"].as_u64().unwrap() > window_tokens, "{v}");
+    for c in chunks {
+        assert_eq!(c["payload"]["patient"], "Patient/p1", "{c}");
+        let (cs, ce) = (c["payload"]["start"].as_u64().unwrap(), c["payload"]["end"].as_u64().unwrap());
+        assert!(
+            v["windows"].as_array().unwrap().iter().all(|w| w["doc_id"] != c["payload"]["doc_id"]
+                || ce <= w["start"].as_u64().unwrap()
+                || w["end"].as_u64().unwrap() <= cs),
+            "a fill chunk overlaps a window: {c}"
+        );
+    }
+    let windows_only = api
+        .context(json!({"patient": "Patient/p1", "question": "Is there fluid in the pleural space?",
+            "budget_tokens": 512, "fill": false}))
+        .await;
+    assert!(windows_only.get("chunks").is_none_or(|c| c.as_array().unwrap().is_empty()), "{windows_only}");
+    assert_eq!(windows_only["tokens"].as_u64().unwrap(), window_tokens);
+    assert_eq!(windows_only["windows"], v["windows"], "fill changes nothing in the windows");
+    assert_eq!(windows_only["answer"], v["answer"], "the answer comes from the windows");
     let fact = v["facts"].as_array().unwrap().iter().find(|f| f["documents"] == 2).expect("a fact over both notes");
     assert_eq!(fact["last_date"], "2024-03-05");
     // A bare id is the same patient.
@@ -261,11 +290,19 @@ async fn serves_context_and_search(s: Settings) {
         b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         b
     };
-    assert_eq!(doc_ids(&api.context(q(json!({"since": "2024-02-01"}))).await), ["p1-b"]);
-    assert_eq!(doc_ids(&api.context(q(json!({"until": "2024-01-31"}))).await), ["p1-a"]);
-    assert_eq!(doc_ids(&api.context(q(json!({"document_types": ["Radiology report"]}))).await), ["p1-a"]);
+    // The fill chunks obey the same filters.
+    for (extra, only) in [
+        (json!({"since": "2024-02-01"}), "p1-b"),
+        (json!({"until": "2024-01-31"}), "p1-a"),
+        (json!({"document_types": ["Radiology report"]}), "p1-a"),
+    ] {
+        let v = api.context(q(extra.clone())).await;
+        assert_eq!(doc_ids(&v), [only], "{extra}");
+        assert!(chunk_doc_ids(&v).iter().all(|d| d == only), "{extra} → {v}");
+    }
     let v = api.context(q(json!({"sections": ["assessment_and_plan"]}))).await;
     assert_eq!(doc_ids(&v), ["p1-b"]);
+    assert!(chunk_doc_ids(&v).iter().all(|d| d == "p1-b"), "{v}");
     assert!(v["windows"].as_array().unwrap().iter().all(|w| w["section"] == "assessment_and_plan"));
 
     // Bad requests: clear 4xx messages that name the field, never echo values.

@@ -101,6 +101,9 @@ enum Command {
         /// Only mentions in this section (canonical name; repeatable).
         #[arg(long = "section")]
         sections: Vec<String>,
+        /// The CLEAR windows only: do not fill the rest of the budget with chunks (`serve.fill`).
+        #[arg(long)]
+        no_fill: bool,
         /// Print the response as JSON (the API's body).
         #[arg(long)]
         json: bool,
@@ -205,8 +208,9 @@ enum EvalCommand {
         /// Context budget in tokens (the embedding model's tokenizer).
         #[arg(long, default_value_t = 1024)]
         budget: usize,
-        /// Comma-separated: clear, dense, bm25, hybrid.
-        #[arg(long, default_value = "clear,dense,bm25,hybrid", value_delimiter = ',')]
+        /// Comma-separated: clear (windows, then the nearest chunks in what they leave of the budget: what `serve`
+        /// answers by default), clear-windows (the windows only), dense, bm25, hybrid.
+        #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
@@ -495,7 +499,18 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("the query service stopped")?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Context { patient, question, budget, since, until, document_types, sections, json, config } => {
+        Command::Context {
+            patient,
+            question,
+            budget,
+            since,
+            until,
+            document_types,
+            sections,
+            no_fill,
+            json,
+            config,
+        } => {
             let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
             settings.log.level = "warn".into();
             crate::telemetry::init_logging(&settings.log)?;
@@ -507,6 +522,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 until,
                 document_types,
                 sections,
+                fill: no_fill.then_some(false),
             };
             let response = runtime(&settings)?.block_on(search::context(&settings, &request))?;
             print!("{}", search::render_context(&response, json));
@@ -561,8 +577,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
                 anyhow::ensure!(
-                    ["clear", "dense", "bm25", "hybrid"].contains(&s.as_str()),
-                    "unknown strategy `{s}` (clear, dense, bm25, hybrid)"
+                    ["clear", "clear-windows", "dense", "bm25", "hybrid"].contains(&s.as_str()),
+                    "unknown strategy `{s}` (clear, clear-windows, dense, bm25, hybrid)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -593,7 +609,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{} documents, {} patients, budget {} tokens", r.documents, r.patients, r.budget_tokens);
                 for s in &r.strategies {
                     println!(
-                        "{:<7} evidence recall {:.3} ({} with evidence)  accuracy {:.3}  isolation violations {}  \
+                        "{:<13} evidence recall {:.3} ({} with evidence)  accuracy {:.3}  isolation violations {}  \
                          tokens mean {:.0} max {} (over budget {}){}",
                         s.strategy,
                         s.evidence_recall,
@@ -603,7 +619,11 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                         s.mean_tokens,
                         s.max_tokens,
                         s.over_budget,
-                        if s.strategy == "clear" { format!("  unaligned {}", s.unaligned) } else { String::new() }
+                        if s.strategy.starts_with("clear") {
+                            format!("  unaligned {}", s.unaligned)
+                        } else {
+                            String::new()
+                        }
                     );
                 }
             }

@@ -100,7 +100,11 @@ pub fn render_context(r: &ContextResponse, json: bool) -> String {
     if !r.chunks.is_empty() {
         let hits: Vec<Hit> =
             r.chunks.iter().map(|h| Hit { id: h.id.clone(), score: h.score, payload: h.payload.clone() }).collect();
-        out.push_str("\nno aligned entity in this patient's notes; hybrid chunks:\n");
+        out.push_str(if r.strategy == crate::serve::api::Strategy::Clear {
+            "\nchunks nearest the question, in what the windows left of the budget:\n"
+        } else {
+            "\nno aligned entity in this patient's notes; hybrid chunks:\n"
+        });
         out.push_str(&render(&hits, false));
     }
     out

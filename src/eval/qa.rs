@@ -82,7 +82,8 @@ pub struct QaRun<'a> {
     pub questions: &'a Path,
     pub budget_tokens: usize,
     pub window_words: usize,
-    /// Any of clear, dense, bm25, hybrid.
+    /// Any of clear (windows, then the nearest chunks in what they leave of the budget), clear-windows, dense,
+    /// bm25, hybrid.
     pub strategies: &'a [String],
     /// Where the label embeddings are cached.
     pub label_cache: &'a Path,
@@ -127,8 +128,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let count = |t: &str| embedder.count_tokens(t);
     let params = ContextParams { budget_tokens, window_words };
 
-    let wants = |s: &str| strategies.iter().any(|x| x == s);
-    let needs_chunks = wants("dense") || wants("bm25") || wants("hybrid");
+    let needs_chunks = strategies.iter().any(|s| s != "clear-windows");
     let (chunks, chunk_vectors, bm25) = if needs_chunks {
         let (chunks, vectors) = match chunker {
             Some(c) => index_chunks(c, &docs).await.map_err(|e| fmt(documents, format!("chunking: {e}")))?,
@@ -179,18 +179,44 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         for (si, strategy) in strategies.iter().enumerate() {
             // (doc index, text) pieces of the returned context, and the answer.
             let (pieces, status): (Vec<(usize, String)>, Label) = match strategy.as_str() {
-                "clear" => {
+                "clear" | "clear-windows" => {
                     if alignment.is_empty() {
                         reports[si].unaligned += 1;
                     }
                     let c = context::assemble(&notes, &alignment, variables, lexicon, params, &count);
-                    let pieces = c
+                    let mut pieces: Vec<(usize, String)> = c
                         .windows
                         .iter()
                         .map(|w| {
                             (docs.iter().position(|d| d.note.doc_id == w.doc_id).unwrap_or(usize::MAX), w.text.clone())
                         })
                         .collect();
+                    // `clear` fills what the windows left with the nearest chunks, as `serve` does (`serve.fill`).
+                    if strategy == "clear" {
+                        let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
+                        let candidates: Vec<usize> =
+                            own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
+                        let mut r: Vec<(usize, f32)> =
+                            candidates.iter().map(|&c| (c, cosine(&qv, &chunk_vectors[c]))).collect();
+                        r.sort_by(|a, b| b.1.total_cmp(&a.1));
+                        let passages: Vec<context::Passage<'_>> = r
+                            .iter()
+                            .map(|&(c, _)| {
+                                let ch = &chunks[c];
+                                let d = &docs[ch.doc];
+                                context::Passage {
+                                    doc_id: &d.note.doc_id,
+                                    start: ch.start,
+                                    end: ch.end,
+                                    text: &d.note.text[ch.start..ch.end],
+                                }
+                            })
+                            .collect();
+                        for f in context::fill(&c.windows, &passages, budget_tokens, &count) {
+                            let d = chunks[r[f.index].0].doc;
+                            pieces.push((d, docs[d].note.text[f.start..f.end].to_string()));
+                        }
+                    }
                     (pieces, c.answer.status)
                 }
                 other => {

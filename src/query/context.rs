@@ -354,6 +354,84 @@ pub fn assertion_name(a: &Assertion) -> &'static str {
 }
 
 /// Case and whitespace folded (copy-forward detection).
+/// A retrieved passage of one of the patient's notes (a chunk), offered to [`fill`].
+#[derive(Debug, Clone, Copy)]
+pub struct Passage<'a> {
+    pub doc_id: &'a str,
+    /// Byte offsets in the note's text.
+    pub start: usize,
+    pub end: usize,
+    pub text: &'a str,
+}
+
+/// A passage [`fill`] took: which, the part kept (byte offsets in the note) and its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filled {
+    pub index: usize,
+    pub start: usize,
+    pub end: usize,
+    pub tokens: usize,
+}
+
+/// Fills what the windows left of the budget with retrieved passages, in the order given (best first). A passage
+/// that overlaps kept windows of its note is cut to its longest part outside them (chunks overlap their neighbours
+/// by a sentence, so the one after a window often starts inside it); one wholly inside a window, one repeating the
+/// text of a window or of a passage already taken (copy-forward), and one too large for what is left are skipped.
+pub fn fill(
+    windows: &[ContextWindow],
+    passages: &[Passage<'_>],
+    budget_tokens: usize,
+    count_tokens: &dyn Fn(&str) -> usize,
+) -> Vec<Filled> {
+    let used: usize = windows.iter().map(|w| w.tokens).sum();
+    let mut remaining = budget_tokens.saturating_sub(used);
+    let mut seen: HashSet<String> = windows.iter().map(|w| fold(&w.text)).collect();
+    let mut taken = Vec::new();
+    for (index, p) in passages.iter().enumerate() {
+        if remaining == 0 {
+            break;
+        }
+        let Some((start, end)) = outside(windows, p) else { continue };
+        let text = &p.text[start - p.start..end - p.start];
+        if text.trim().is_empty() {
+            continue;
+        }
+        let tokens = count_tokens(text);
+        if tokens > remaining || !seen.insert(fold(text)) {
+            continue;
+        }
+        remaining -= tokens;
+        taken.push(Filled { index, start, end, tokens });
+    }
+    taken
+}
+
+/// The longest part of a passage outside the windows of its note (byte offsets in the note), or `None` when
+/// nothing is left (or the passage's offsets do not match its text, so it cannot be cut).
+fn outside(windows: &[ContextWindow], p: &Passage<'_>) -> Option<(usize, usize)> {
+    let mut covered: Vec<(usize, usize)> = windows
+        .iter()
+        .filter(|w| w.doc_id == p.doc_id && w.start < p.end && p.start < w.end)
+        .map(|w| (w.start.max(p.start), w.end.min(p.end)))
+        .collect();
+    if covered.is_empty() {
+        return Some((p.start, p.end));
+    }
+    if p.end.checked_sub(p.start) != Some(p.text.len()) {
+        return None;
+    }
+    covered.sort_unstable();
+    let mut best: Option<(usize, usize)> = None;
+    let mut at = p.start;
+    for (s, e) in covered.into_iter().chain([(p.end, p.end)]) {
+        if s > at && best.is_none_or(|(a, b)| s - at > b - a) {
+            best = Some((at, s));
+        }
+        at = at.max(e);
+    }
+    best.filter(|&(a, b)| p.text.is_char_boundary(a - p.start) && p.text.is_char_boundary(b - p.start))
+}
+
 fn fold(text: &str) -> String {
     text.split_whitespace().map(str::to_lowercase).collect::<Vec<_>>().join(" ")
 }
@@ -431,6 +509,50 @@ mod tests {
         assert!(small.tokens <= 20, "{}", small.tokens);
         assert_eq!(small.windows[0].doc_id, "n2");
         assert!(small.windows[0].text.contains("Small left pleural effusion"));
+    }
+
+    #[test]
+    fn fill_takes_the_nearest_passages_that_add_text_inside_what_the_windows_left() {
+        let p = pipeline();
+        let text = format!("FINDINGS: {} Small left pleural effusion. {}", filler(30), filler(30));
+        let docs = [doc(&p, "n1", "2024-03-01", &text)];
+        let c = context(&p, &docs, "Is there a pleural effusion?", 40, 5);
+        assert_eq!(c.windows.len(), 1);
+        let (ws, we) = (c.windows[0].start, c.windows[0].end);
+        let used = c.tokens;
+        let other = "The cardiomediastinal silhouette is within normal limits.";
+        let long = filler(40);
+        let passage = |doc_id, start: usize, end: usize| Passage { doc_id, start, end, text: &text[start..end] };
+        // Starts two words before the window and ends inside it: cut to the two words.
+        let before = text[..ws].trim_end().rfind(' ').and_then(|i| text[..i].rfind(' ')).unwrap() + 1;
+        let passages = [
+            passage("n1", ws + 1, we - 1), // wholly inside the window: skipped
+            Passage { doc_id: "n2", start: 0, end: other.len(), text: other }, // another note: taken whole
+            Passage { doc_id: "n3", start: 0, end: other.len(), text: other }, // the same text again: skipped
+            passage("n1", before, we - 3), // overlapping: cut to its part before the window
+            Passage { doc_id: "n4", start: 0, end: long.len(), text: &long }, // too large for what is left: skipped
+            passage("n1", we, we),         // empty: skipped
+        ];
+        let taken = fill(&c.windows, &passages, 40, &words);
+        let idx: Vec<usize> = taken.iter().map(|t| t.index).collect();
+        assert_eq!(idx, [1, 3], "{taken:?}");
+        assert_eq!((taken[0].start, taken[0].end, taken[0].tokens), (0, other.len(), words(other)));
+        assert_eq!((taken[1].start, taken[1].end), (before, ws));
+        assert_eq!(text[taken[1].start..taken[1].end].split_whitespace().count(), 2);
+        assert_eq!(taken[1].tokens, 2);
+        let total = used + taken.iter().map(|t| t.tokens).sum::<usize>();
+        assert!(total <= 40, "{total}");
+        // A passage spanning the window: its longer side is kept.
+        let wide = fill(&c.windows, &[passage("n1", 0, text.len())], 1000, &words);
+        assert_eq!(wide.len(), 1);
+        let (left, right) = (ws, text.len() - we);
+        assert_eq!((wide[0].start, wide[0].end), if left >= right { (0, ws) } else { (we, text.len()) });
+        // Offsets that do not match the text: an overlapping passage cannot be cut, so it is skipped.
+        let odd = Passage { doc_id: "n1", start: 0, end: text.len(), text: "short" };
+        assert!(fill(&c.windows, &[odd], 1000, &words).is_empty());
+        // Nothing left of the budget: nothing taken.
+        assert!(fill(&c.windows, &passages, used, &words).is_empty());
+        assert!(fill(&c.windows, &passages, 0, &words).is_empty());
     }
 
     #[test]

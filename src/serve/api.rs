@@ -35,6 +35,10 @@ pub struct ContextRequest {
     /// Only mentions in these sections (canonical names: `impression`, `findings`, `assessment_and_plan`, ...).
     #[serde(default)]
     pub sections: Vec<String>,
+    /// Fill what the windows leave of the budget with the patient's chunks nearest the question (default
+    /// `serve.fill`); `false` returns the windows only.
+    #[serde(default)]
+    pub fill: Option<bool>,
 }
 
 /// How the context was chosen.
@@ -142,10 +146,12 @@ pub struct ContextResponse {
     pub entities: Vec<Entity>,
     /// Date order (then note and position).
     pub windows: Vec<Window>,
-    /// With `hybrid_fallback`: the patient's best chunks that fit the budget, best first.
+    /// With `clear` and `fill`: the patient's chunks nearest the question that filled what the windows left of the
+    /// budget, best first, each cut to its longest part outside the windows (`text`, `start`, `end` of that part). With `hybrid_fallback`: the patient's best chunks that fit
+    /// the budget, best first. Context only: the answer comes from the windows.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunks: Vec<Hit>,
-    /// Tokens of `windows` (or `chunks`), counted with the configured tokenizer.
+    /// Tokens of `windows` and `chunks`, counted with the configured tokenizer.
     pub tokens: usize,
     pub budget_tokens: usize,
     /// Aligned mentions found in the patient's notes before the budget cut.
@@ -184,6 +190,27 @@ impl ContextResponse {
                 supporting: c.answer.supporting,
             },
             facts,
+        }
+    }
+
+    /// Adds the fill chunks (`context::fill`'s choice among `hits`): a chunk cut to its part outside the windows
+    /// carries that part's `text`, `start` and `end`.
+    pub(crate) fn add_fill(&mut self, hits: Vec<store::Hit>, taken: &[crate::query::context::Filled]) {
+        let mut hits: Vec<Option<store::Hit>> = hits.into_iter().map(Some).collect();
+        for f in taken {
+            let Some(mut h) = hits.get_mut(f.index).and_then(Option::take) else { continue };
+            let at = |key: &str| h.payload.get(key).and_then(Value::as_u64).map(|v| v as usize);
+            if let (Some(start), Some(end)) = (at("start"), at("end"))
+                && (start, end) != (f.start, f.end)
+            {
+                let text = h.payload.get("text").and_then(Value::as_str).unwrap_or("");
+                let part = text.get(f.start - start..f.end - start).unwrap_or("").to_string();
+                h.payload.insert("text".into(), part.into());
+                h.payload.insert("start".into(), f.start.into());
+                h.payload.insert("end".into(), f.end.into());
+            }
+            self.chunks.push(Hit::from(h));
+            self.tokens += f.tokens;
         }
     }
 

@@ -5,7 +5,8 @@
 //! the CLEAR variables (`query::align`, with the patient's own entities), reads the patient's stored entity
 //! windows (`Store::windows`, filtered by patient, dates, document types), rebuilds them into note fragments and
 //! assembles the context (`query::context`: windows by alignment × section weight, merged, copy-forward dropped,
-//! cut to the budget, date order, the answer they support). When nothing aligns, it falls back to hybrid chunk
+//! cut to the budget, date order, the answer they support), then fills what the windows left of the budget with
+//! the patient's chunks nearest the question (`serve.fill`; dense search). When nothing aligns, it falls back to hybrid chunk
 //! retrieval for that patient and says so. `search` is the dense + BM25 hybrid over chunks with filters and
 //! neighbour expansion.
 //!
@@ -216,8 +217,40 @@ impl Service {
         let params = ContextParams { budget_tokens: budget, window_words: self.settings.window_words };
         let count = |t: &str| self.count_tokens(t);
         let c = context::assemble(&views, &alignment, variables, lexicon, params, &count);
+        // Fill: the patient's chunks nearest the question (dense only: on the qa set fused BM25 ranks worse than
+        // dense alone, docs/read-side.md), in what the windows left of the budget.
+        let fill = req.fill.unwrap_or(self.settings.fill) && !c.windows.is_empty() && c.tokens < budget;
+        let filled = if fill {
+            let mut f = filters.clone();
+            f.sections = req.sections.clone();
+            let dense = phrase_vectors.first().cloned().unwrap_or_default();
+            let q = Query { dense, sparse: store::Sparse::default(), filters: f, top: self.settings.max_top };
+            let hits = self.store.search(&q).await?;
+            fn str_of<'h>(h: &'h store::Hit, key: &str) -> &'h str {
+                h.payload.get(key).and_then(|v| v.as_str()).unwrap_or("")
+            }
+            let at = |h: &store::Hit, key: &str| h.payload.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+            let taken = {
+                let passages: Vec<context::Passage<'_>> = hits
+                    .iter()
+                    .map(|h| context::Passage {
+                        doc_id: str_of(h, "doc_id"),
+                        start: at(h, "start"),
+                        end: at(h, "end"),
+                        text: str_of(h, "text"),
+                    })
+                    .collect();
+                context::fill(&c.windows, &passages, budget, &count)
+            };
+            Some((hits, taken))
+        } else {
+            None
+        };
         let facts = facts(&notes, &alignment, lexicon);
         let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
+        if let Some((hits, taken)) = filled {
+            response.add_fill(hits, &taken);
+        }
         if alignment.is_empty() || response.windows.is_empty() {
             // Nothing aligned (or no aligned concept in this patient's notes): hybrid chunks for the patient.
             // The question itself is the first phrase: its vector is already there.
