@@ -199,8 +199,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         let mut r: Vec<(usize, f32)> =
                             candidates.iter().map(|&c| (c, cosine(&qv, &chunk_vectors[c]))).collect();
                         r.sort_by(|a, b| b.1.total_cmp(&a.1));
+                        // As many candidates as the service asks its store for.
                         let passages: Vec<context::Passage<'_>> = r
                             .iter()
+                            .take(context::fill_candidates(budget_tokens))
                             .map(|&(c, _)| {
                                 let ch = &chunks[c];
                                 let d = &docs[ch.doc];
@@ -209,6 +211,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                                     start: ch.start,
                                     end: ch.end,
                                     text: &d.note.text[ch.start..ch.end],
+                                    tokens: None,
                                 }
                             })
                             .collect();

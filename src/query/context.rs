@@ -362,6 +362,14 @@ pub struct Passage<'a> {
     pub start: usize,
     pub end: usize,
     pub text: &'a str,
+    /// Its tokens when already counted with the same tokenizer (a stored chunk's `tokens`); counted here otherwise.
+    pub tokens: Option<usize>,
+}
+
+/// How many retrieved passages to offer [`fill`] for a budget: one per 32 tokens (at least 8) — chunks hold
+/// 100–200 tokens, so that leaves room for the ones skipped as overlapping or repeated.
+pub fn fill_candidates(budget_tokens: usize) -> usize {
+    (budget_tokens / 32).max(8)
 }
 
 /// A passage [`fill`] took: which, the part kept (byte offsets in the note) and its tokens.
@@ -396,7 +404,10 @@ pub fn fill(
         if text.trim().is_empty() {
             continue;
         }
-        let tokens = count_tokens(text);
+        let tokens = match p.tokens {
+            Some(t) if (start, end) == (p.start, p.end) => t,
+            _ => count_tokens(text),
+        };
         if tokens > remaining || !seen.insert(fold(text)) {
             continue;
         }
@@ -522,16 +533,17 @@ mod tests {
         let used = c.tokens;
         let other = "The cardiomediastinal silhouette is within normal limits.";
         let long = filler(40);
-        let passage = |doc_id, start: usize, end: usize| Passage { doc_id, start, end, text: &text[start..end] };
+        let passage =
+            |doc_id, start: usize, end: usize| Passage { doc_id, start, end, text: &text[start..end], tokens: None };
         // Starts two words before the window and ends inside it: cut to the two words.
         let before = text[..ws].trim_end().rfind(' ').and_then(|i| text[..i].rfind(' ')).unwrap() + 1;
         let passages = [
             passage("n1", ws + 1, we - 1), // wholly inside the window: skipped
-            Passage { doc_id: "n2", start: 0, end: other.len(), text: other }, // another note: taken whole
-            Passage { doc_id: "n3", start: 0, end: other.len(), text: other }, // the same text again: skipped
+            Passage { doc_id: "n2", start: 0, end: other.len(), text: other, tokens: None }, // another note: taken whole
+            Passage { doc_id: "n3", start: 0, end: other.len(), text: other, tokens: None }, // the same text again: skipped
             passage("n1", before, we - 3), // overlapping: cut to its part before the window
-            Passage { doc_id: "n4", start: 0, end: long.len(), text: &long }, // too large for what is left: skipped
-            passage("n1", we, we),         // empty: skipped
+            Passage { doc_id: "n4", start: 0, end: long.len(), text: &long, tokens: None }, // too large for what is left: skipped
+            passage("n1", we, we),                                                          // empty: skipped
         ];
         let taken = fill(&c.windows, &passages, 40, &words);
         let idx: Vec<usize> = taken.iter().map(|t| t.index).collect();
@@ -548,8 +560,13 @@ mod tests {
         let (left, right) = (ws, text.len() - we);
         assert_eq!((wide[0].start, wide[0].end), if left >= right { (0, ws) } else { (we, text.len()) });
         // Offsets that do not match the text: an overlapping passage cannot be cut, so it is skipped.
-        let odd = Passage { doc_id: "n1", start: 0, end: text.len(), text: "short" };
+        let odd = Passage { doc_id: "n1", start: 0, end: text.len(), text: "short", tokens: None };
         assert!(fill(&c.windows, &[odd], 1000, &words).is_empty());
+        // A count given with the passage is used for an uncut passage (and only then).
+        let counted = Passage { tokens: Some(3), ..passages[1] };
+        assert_eq!(fill(&c.windows, &[counted], 40, &words)[0].tokens, 3);
+        let cut = Passage { tokens: Some(99), ..passages[3] };
+        assert_eq!(fill(&c.windows, &[cut], 40, &words)[0].tokens, 2);
         // Nothing left of the budget: nothing taken.
         assert!(fill(&c.windows, &passages, used, &words).is_empty());
         assert!(fill(&c.windows, &passages, 0, &words).is_empty());
