@@ -152,6 +152,10 @@ pub struct EmbedSettings {
     pub cuda_device: i32,
     /// ONNX Runtime intra-op threads; 0 = its default (one per physical core).
     pub intra_threads: usize,
+    /// Whether ONNX Runtime's intra-op threads spin-wait for the next piece of work (its default) or sleep: a
+    /// spinning thread hands work over faster but holds a core, which on a small machine the rest of the process
+    /// (alignment, context assembly, a store in process) needs.
+    pub intra_spinning: bool,
     /// Longest input in tokens (special tokens included); 0 = the model's own (`max_seq_length`, else
     /// `max_position_embeddings`).
     pub max_tokens: usize,

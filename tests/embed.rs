@@ -118,6 +118,26 @@ async fn the_half_precision_model_matches_the_reference_too() {
     }
 }
 
+/// A query's request (`embed_now`) runs with what is queued instead of waiting `embed.linger_ms` for more inputs;
+/// a document's (`embed`) alone waits the linger out. The vectors are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_does_not_wait_for_the_batching_linger() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.embed.linger_ms = 3_000;
+    let embedder = tokio::task::spawn_blocking(move || Embedder::start(&s.embed)).await.unwrap().unwrap();
+    let text = ["Is there a pleural effusion?"];
+    let clock = std::time::Instant::now();
+    let now = embedder.embed_now(&text).await.unwrap();
+    let query = clock.elapsed();
+    let clock = std::time::Instant::now();
+    let batched = embedder.embed(&text).await.unwrap();
+    let document = clock.elapsed();
+    assert!(document >= std::time::Duration::from_millis(3_000), "a lone document request waits: {document:?}");
+    assert!(query < std::time::Duration::from_millis(1_500), "a query does not wait the 3 s linger: {query:?}");
+    assert_eq!(now, batched);
+}
+
 /// The embedder for another model file of the default model, with the numpy reference's sentences and fp32
 /// vectors (tests/data/minilm_reference.json).
 async fn with_reference(dir: &Path, model_file: &str) -> Option<(Embedder, Vec<String>, Vec<Vec<f64>>)> {
@@ -271,6 +291,7 @@ async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
                     ..Default::default()
                 },
                 top: 3,
+                fields: None,
             };
             store.search(&q).await.unwrap()
         }
@@ -602,6 +623,7 @@ async fn server_collections_get_the_configured_settings_and_a_foreign_shape_is_r
             sparse: Default::default(),
             filters: Default::default(),
             top: 1,
+            fields: None,
         })
         .await
         .unwrap();

@@ -242,6 +242,11 @@ async fn serves_context_and_search(s: Settings) {
     assert!(!chunks.is_empty() && v["tokens"].as_u64().unwrap() > window_tokens, "{v}");
     for c in chunks {
         assert_eq!(c["payload"]["patient"], "Patient/p1", "{c}");
+        // The fields that cite the chunk come back, not the indexed copies of its entities and concepts.
+        for field in ["doc_id", "doc_version", "doc_date", "section", "text", "chunk_index"] {
+            assert!(c["payload"].get(field).is_some(), "{field} missing: {c}");
+        }
+        assert!(c["payload"].get("entities").is_none() && c["payload"].get("concepts").is_none(), "{c}");
         let (cs, ce) = (c["payload"]["start"].as_u64().unwrap(), c["payload"]["end"].as_u64().unwrap());
         assert!(
             v["windows"].as_array().unwrap().iter().all(|w| w["doc_id"] != c["payload"]["doc_id"]

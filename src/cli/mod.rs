@@ -325,7 +325,8 @@ enum BenchCommand {
         requests: usize,
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
-        /// Keep the embedded store in this directory, and reuse it when it exists (skips re-indexing there).
+        /// Keep the embedded store in this directory and the server's collection under a fixed name, and reuse
+        /// each when it was fully indexed before (skips re-indexing there).
         #[arg(long)]
         keep: Option<PathBuf>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]

@@ -1,7 +1,7 @@
 //! `clinstream bench serve`: latency and throughput of the query service over HTTP, as clients see it.
 //!
 //! Indexes the documents (the worker's own `Indexer`: chunks and entity windows) into the embedded store and, when
-//! `--url` is given, into a new collection on a Qdrant server; builds the service on each, serves it on loopback
+//! `--url` is given, into a new collection on a Qdrant server (`--keep` keeps and reuses both); builds the service on each, serves it on loopback
 //! and sends every question (up to `--requests`) as `POST /v1/context` and as `POST /v1/search` (the question as the
 //! query, the patient filter, top 5), from 1 and from 8 concurrent clients, each client on one keep-alive
 //! connection. Prints p50/p99 latency and requests/s per store, route and client count, and the ratios beside each
@@ -91,7 +91,12 @@ pub fn run(
         server.store.kind = "qdrant".into();
         server.store.url = url.to_string();
         server.store.alias.clear();
-        server.store.collection = format!("clinstream-bench-serve-{}", std::process::id());
+        // With `--keep` the collection has a fixed name, reused like the kept embedded store (the server's own
+        // storage keeps it between runs); otherwise one per run.
+        server.store.collection = match keep {
+            Some(_) => "clinstream-bench-serve-kept".to_string(),
+            None => format!("clinstream-bench-serve-{}", std::process::id()),
+        };
         stores.push(("qdrant".into(), server));
     }
     let mut out = ServeBench {
@@ -107,16 +112,25 @@ pub fn run(
         s.serve.auth = false;
         s.serve.addr = "127.0.0.1:0".into();
         let r: anyhow::Result<()> = rt.block_on(async {
-            // A kept embedded store that already holds the documents is reused (iterating on the service).
-            let reuse =
-                name == "embedded" && keep.is_some() && Path::new(&s.store.path).join("edge_config.json").exists();
+            // A kept store that already holds the documents is reused (iterating on the service): the embedded one
+            // by its directory, the server's by a marker written once its collection was fully indexed.
+            let marker = dir.join(format!("indexed-{}", s.store.collection));
+            let reuse = keep.is_some()
+                && match name.as_str() {
+                    "embedded" => Path::new(&s.store.path).join("edge_config.json").exists(),
+                    _ => marker.exists(),
+                };
             let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await?);
+            let reuse = reuse && indexer.store().count().await? > 0;
             let clock = Instant::now();
             if !reuse {
                 index_all(&pipeline, &indexer, &docs).await?;
             }
             indexer.store().flush().await?;
             indexer.store().maintenance_idle().await;
+            if keep.is_some() && name != "embedded" {
+                std::fs::write(&marker, url.unwrap_or_default())?;
+            }
             out.indexing_s.push((name.clone(), clock.elapsed().as_secs_f64()));
             eprintln!("{name}: {} documents indexed in {:.0} s", docs.len(), clock.elapsed().as_secs_f64());
             let service = Service::new(&s, pipeline.clone(), indexer.embedder().clone(), indexer.store().clone())?;

@@ -55,6 +55,7 @@ pub(crate) struct BackendOptions<'a> {
     pub provider: &'a str,
     pub cuda_device: i32,
     pub intra_threads: usize,
+    pub intra_spinning: bool,
     pub output: &'a str,
 }
 
@@ -69,6 +70,7 @@ impl Backend {
         // Batch shapes vary with every batch (inputs × longest sequence); ONNX Runtime's memory patterns are planned
         // and cached per input shape, so with them on a long run's memory grows with every new shape it meets.
         builder = builder.with_memory_pattern(false).map_err(err("disabling memory patterns"))?;
+        builder = builder.with_intra_op_spinning(o.intra_spinning).map_err(err("embed.intra_spinning"))?;
         if o.intra_threads > 0 {
             builder = builder.with_intra_threads(o.intra_threads).map_err(err("embed.intra_threads"))?;
         }

@@ -2,7 +2,7 @@
 //!
 //! Callers (every in-flight document) tokenize on their own thread and send the token ids over a bounded channel
 //! (`embed.queue`; a full queue is backpressure). The model thread gathers what is waiting — up to `linger_ms`
-//! for more when the batch is not yet full — sorts it by length so padding stays small, cuts batches by a token
+//! for more when the batch is not yet full, not at all when a query waits on it (`embed_now`) — sorts it by length so padding stays small, cuts batches by a token
 //! budget that counts padding (`longest × inputs ≤ embed.batch_tokens`) and `embed.max_batch`, runs them, and
 //! answers each request when all its inputs are done. Inputs longer than the model's limit are truncated by the
 //! tokenizer (chunking keeps chunks under it, so only SEOS sentence groups can be cut).
@@ -70,6 +70,8 @@ pub struct ModelInfo {
 struct Request {
     inputs: Vec<Vec<u32>>,
     reply: oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>,
+    /// A caller waiting on the answer (a query): the model thread runs what is queued without lingering for more.
+    urgent: bool,
 }
 
 /// A clonable handle to the model thread.
@@ -115,6 +117,7 @@ fn backend_options<'a>(s: &'a EmbedSettings, model: &'a Path) -> backend::Backen
         provider: &s.execution_provider,
         cuda_device: s.cuda_device,
         intra_threads: s.intra_threads,
+        intra_spinning: s.intra_spinning,
         output: &s.output,
     }
 }
@@ -233,11 +236,15 @@ impl Embedder {
 
     /// Embeds already-encoded inputs (unit vectors, in input order).
     pub async fn embed_ids(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.send(inputs, false).await
+    }
+
+    async fn send(&self, inputs: Vec<Vec<u32>>, urgent: bool) -> Result<Vec<Vec<f32>>, EmbedError> {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Request { inputs, reply }).await.map_err(|_| EmbedError::Stopped)?;
+        self.tx.send(Request { inputs, reply, urgent }).await.map_err(|_| EmbedError::Stopped)?;
         rx.await.map_err(|_| EmbedError::Stopped)?
     }
 
@@ -245,6 +252,14 @@ impl Embedder {
     pub async fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let ids = self.encode(texts)?;
         self.embed_ids(ids).await
+    }
+
+    /// [`Embedder::embed`] for a caller waiting on the answer (a query): its batch runs with whatever else is
+    /// already queued, without waiting `embed.linger_ms` for more (that wait fills batches for throughput; a
+    /// question pays it as latency).
+    pub async fn embed_now(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let ids = self.encode(texts)?;
+        self.send(ids, true).await
     }
 }
 
@@ -371,7 +386,9 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
     while !closed {
         let mut items: Vec<Item> = Vec::new();
         let mut tokens = 0usize;
-        let mut take = |req: Request, items: &mut Vec<Item>, tokens: &mut usize| {
+        let mut urgent = false;
+        let mut take = |req: Request, items: &mut Vec<Item>, tokens: &mut usize, urgent: &mut bool| {
+            *urgent |= req.urgent;
             let id = next_id;
             next_id += 1;
             let n = req.inputs.len();
@@ -382,9 +399,9 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
             open.insert(id, Open { reply: req.reply, vectors: vec![Vec::new(); n], remaining: n });
         };
         // Wait for the first request; take whatever else is already queued, up to POOL_BATCHES batch budgets; and
-        // while under one batch, wait for more until the linger expires.
+        // while under one batch, wait for more until the linger expires (not when a query is among them).
         match rt.block_on(rx.recv()) {
-            Some(req) => take(req, &mut items, &mut tokens),
+            Some(req) => take(req, &mut items, &mut tokens, &mut urgent),
             None => break,
         }
         let deadline = tokio::time::Instant::now() + b.linger;
@@ -392,17 +409,17 @@ fn model_thread(mut model: backend::Backend, mut rx: mpsc::Receiver<Request>, b:
             (b.batch_tokens.saturating_mul(POOL_BATCHES), b.max_batch.max(1).saturating_mul(POOL_BATCHES));
         while tokens < pool_tokens && items.len() < pool_items {
             match rx.try_recv() {
-                Ok(req) => take(req, &mut items, &mut tokens),
+                Ok(req) => take(req, &mut items, &mut tokens, &mut urgent),
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     closed = true;
                     break;
                 }
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    if tokens >= b.batch_tokens || items.len() >= b.max_batch {
+                    if urgent || tokens >= b.batch_tokens || items.len() >= b.max_batch {
                         break;
                     }
                     match rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await }) {
-                        Ok(Some(req)) => take(req, &mut items, &mut tokens),
+                        Ok(Some(req)) => take(req, &mut items, &mut tokens, &mut urgent),
                         Ok(None) => {
                             closed = true;
                             break;

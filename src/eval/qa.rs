@@ -183,7 +183,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     if alignment.is_empty() {
                         reports[si].unaligned += 1;
                     }
-                    let c = context::assemble(&notes, &alignment, variables, lexicon, params, &count);
+                    let ends = |t: &str| embedder.token_ends(t);
+                    let c = context::assemble_with(&notes, &alignment, variables, lexicon, params, &count, Some(&ends));
                     let mut pieces: Vec<(usize, String)> = c
                         .windows
                         .iter()

@@ -150,6 +150,25 @@ pub fn assemble(
     params: ContextParams,
     count_tokens: &dyn Fn(&str) -> usize,
 ) -> Context {
+    assemble_with(notes, alignment, variables, lexicon, params, count_tokens, None)
+}
+
+/// Where each token of a text ends (byte offsets), from the tokenizer that counts the budget.
+pub type TokenEnds<'a> = dyn Fn(&str) -> Vec<usize> + 'a;
+
+/// [`assemble`], with `token_ends` (the byte offsets where each token of a text ends, from the same tokenizer) to
+/// cut a window too long for what is left of the budget: its cut is searched on one tokenization of the window
+/// instead of one per step of the search, then counted exactly, and the result is the same as without it (the
+/// search falls back to exact counts where the estimate and the count disagree).
+pub fn assemble_with(
+    notes: &[PatientNote<'_>],
+    alignment: &Alignment,
+    variables: &[Variable],
+    lexicon: &Lexicon,
+    params: ContextParams,
+    count_tokens: &dyn Fn(&str) -> usize,
+    token_ends: Option<&TokenEnds<'_>>,
+) -> Context {
     let variable = alignment.variable.and_then(|i| variables.get(i));
     let rules = Rules::of(variable);
     let words: Vec<Vec<(usize, usize)>> = notes.iter().map(|n| word_spans(n.text)).collect();
@@ -228,20 +247,41 @@ pub fn assemble(
             if steps == 0 || count_tokens(span(l, h)) > remaining {
                 continue;
             }
-            let mut fits_from = None;
-            let (mut a, mut b) = (1usize, steps);
-            while a <= b {
-                let k = a + (b - a) / 2;
-                let (l, h) = at(k);
-                let t = count_tokens(span(l, h));
-                if t <= remaining {
-                    fits_from = Some((k, t));
-                    b = k - 1;
-                } else {
-                    a = k + 1;
+            // The first step whose span fits by `tokens_of`, with its count.
+            let first_fit = |tokens_of: &dyn Fn(usize) -> usize| {
+                let mut fits_from = None;
+                let (mut a, mut b) = (1usize, steps);
+                while a <= b {
+                    let k = a + (b - a) / 2;
+                    let t = tokens_of(k);
+                    if t <= remaining {
+                        fits_from = Some((k, t));
+                        b = k - 1;
+                    } else {
+                        a = k + 1;
+                    }
                 }
-            }
-            let Some((k, t)) = fits_from else { continue };
+                fits_from
+            };
+            let exact = |k: usize| {
+                let (l, h) = at(k);
+                count_tokens(span(l, h))
+            };
+            // With token ends: search on the window's one tokenization (tokens ending inside a step's span), then
+            // check the step found with exact counts — it fits, and the step before it does not.
+            let estimated = token_ends.and_then(|ends_of| {
+                let base = w[c.lo].0;
+                let ends = ends_of(span(c.lo, c.hi));
+                let inside = |k: usize| {
+                    let (l, h) = at(k);
+                    let (from, to) = (w[l].0 - base, w[h].1 - base);
+                    ends.partition_point(|&e| e <= to) - ends.partition_point(|&e| e <= from)
+                };
+                let (k, _) = first_fit(&inside)?;
+                let t = exact(k);
+                (t <= remaining && (k == 1 || exact(k - 1) > remaining)).then_some((k, t))
+            });
+            let Some((k, t)) = estimated.or_else(|| first_fit(&exact)) else { continue };
             (lo, hi) = at(k);
             tokens = t;
         }
@@ -366,8 +406,8 @@ pub struct Passage<'a> {
     pub tokens: Option<usize>,
 }
 
-/// How many retrieved passages to offer [`fill`] for a budget: one per 32 tokens (at least 8) — chunks hold
-/// 100–200 tokens, so that leaves room for the ones skipped as overlapping or repeated.
+/// How many retrieved passages to offer [`fill`] (or the hybrid fallback) for a budget: one per 32 tokens (at least
+/// 8) — chunks hold 100–200 tokens, so that leaves room for the ones skipped as overlapping, repeated or too large.
 pub fn fill_candidates(budget_tokens: usize) -> usize {
     (budget_tokens / 32).max(8)
 }
@@ -570,6 +610,59 @@ mod tests {
         // Nothing left of the budget: nothing taken.
         assert!(fill(&c.windows, &passages, used, &words).is_empty());
         assert!(fill(&c.windows, &passages, 0, &words).is_empty());
+    }
+
+    #[test]
+    fn token_ends_cut_the_same_windows_with_fewer_exact_counts() {
+        use std::cell::Cell;
+        let p = pipeline();
+        let docs = [
+            doc(
+                &p,
+                "n2",
+                "2024-03-01",
+                &format!("IMPRESSION: Small left pleural effusion. {} Pleural effusion again seen.", filler(12)),
+            ),
+            doc(&p, "n1", "2023-01-01", &format!("FINDINGS: {} No pleural effusion. {}", filler(40), filler(40))),
+            doc(&p, "n0", "2022-06-01", &format!("HPI: {} Effusion on the left, small. {}", filler(70), filler(9))),
+        ];
+        let a = align(
+            "Is there a pleural effusion?",
+            &[],
+            p.lexicon(),
+            p.variables(),
+            &LabelIndex::default(),
+            None,
+            AlignParams::default(),
+        );
+        let notes: Vec<PatientNote<'_>> = docs.iter().map(PatientNote::from).collect();
+        let calls = Cell::new(0usize);
+        let count = |t: &str| {
+            calls.set(calls.get() + 1);
+            words(t)
+        };
+        // Where each word ends (this test's tokenizer: one token per word), an under- and an over-estimate.
+        let exact_ends = |t: &str| word_spans(t).into_iter().map(|(_, e)| e).collect::<Vec<_>>();
+        let under = |t: &str| word_spans(t).into_iter().step_by(2).map(|(_, e)| e).collect::<Vec<_>>();
+        let over = |t: &str| word_spans(t).into_iter().flat_map(|(_, e)| [e, e]).collect::<Vec<_>>();
+        let (mut exact_calls, mut ends_calls) = (0, 0);
+        for budget in [8, 15, 23, 40, 57, 90] {
+            let params = ContextParams { budget_tokens: budget, window_words: 20 };
+            calls.set(0);
+            let plain = assemble(&notes, &a, p.variables(), p.lexicon(), params, &count);
+            exact_calls += calls.get();
+            assert!(plain.tokens <= budget && !plain.windows.is_empty(), "{budget}");
+            calls.set(0);
+            let with = assemble_with(&notes, &a, p.variables(), p.lexicon(), params, &count, Some(&exact_ends));
+            ends_calls += calls.get();
+            assert_eq!(with, plain, "budget {budget}");
+            // A wrong estimate only costs counts: the cut is checked exactly and searched again when it is off.
+            for wrong in [&under as &dyn Fn(&str) -> Vec<usize>, &over] {
+                let c = assemble_with(&notes, &a, p.variables(), p.lexicon(), params, &count, Some(wrong));
+                assert_eq!(c, plain, "budget {budget}");
+            }
+        }
+        assert!(ends_calls < exact_calls, "{ends_calls} exact counts with token ends, {exact_calls} without");
     }
 
     #[test]

@@ -215,13 +215,17 @@ impl ContextResponse {
     }
 
     /// Switches to the hybrid fallback: the hits, best first, while their text fits the budget.
-    pub(crate) fn fall_back(&mut self, hits: Vec<store::Hit>, budget: usize, count: &dyn Fn(&str) -> usize) {
+    /// `tokens` gives a hit's token count.
+    pub(crate) fn fall_back(&mut self, hits: Vec<store::Hit>, budget: usize, tokens: &dyn Fn(&store::Hit) -> usize) {
         self.strategy = Strategy::HybridFallback;
         self.windows.clear();
         self.answer = Answer { status: Status::NotMentioned, confidence: 1.0, supporting: Vec::new() };
         let mut remaining = budget;
         for h in hits {
-            let t = count(h.payload.get("text").and_then(|v| v.as_str()).unwrap_or(""));
+            if remaining == 0 {
+                break;
+            }
+            let t = tokens(&h);
             if t <= remaining {
                 remaining -= t;
                 self.chunks.push(Hit::from(h));

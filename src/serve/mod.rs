@@ -34,6 +34,32 @@ pub use api::{ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 /// window per mention cluster, this is thousands of notes).
 const MAX_WINDOWS: usize = 20_000;
 
+/// A hit's text.
+fn h_text(h: &store::Hit) -> &str {
+    h.payload.get("text").and_then(|v| v.as_str()).unwrap_or("")
+}
+
+/// The payload fields of a fill (or fallback) chunk: what [`context::fill`] reads and what cites the chunk (note,
+/// version, date, type, section, position and neighbours); the indexed copies of its entities and concepts stay in
+/// the store.
+const FILL_FIELDS: &[&str] = &[
+    "doc_id",
+    "doc_version",
+    "doc_date",
+    "doc_type",
+    "encounter",
+    "patient",
+    "section",
+    "section_title",
+    "start",
+    "end",
+    "text",
+    "tokens",
+    "chunk_index",
+    "prev_chunk_id",
+    "next_chunk_id",
+];
+
 /// Why a request was not answered.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -178,6 +204,25 @@ impl Service {
         }
     }
 
+    /// Where each token of `text` ends (byte offsets), with the same tokenizer as [`Service::count_tokens`].
+    fn token_ends(&self, text: &str) -> Vec<usize> {
+        match &self.counter {
+            Counter::Model => self.embedder.token_ends(text),
+            Counter::File(t) => {
+                t.encode(text, false).map(|e| e.get_offsets().iter().map(|&(_, end)| end).collect()).unwrap_or_default()
+            }
+        }
+    }
+
+    /// A stored chunk's token count, when it was counted with the tokenizer this service counts with (chunks
+    /// carry their count with the embedding model's).
+    fn stored_tokens(&self, h: &store::Hit) -> Option<usize> {
+        match self.counter {
+            Counter::Model => h.payload.get("tokens").and_then(|v| v.as_u64()).map(|t| t as usize),
+            Counter::File(_) => None,
+        }
+    }
+
     /// `POST /v1/context`.
     pub async fn context(&self, req: &ContextRequest) -> Result<ContextResponse, ServeError> {
         let budget = req.budget_tokens.unwrap_or(self.settings.default_budget_tokens);
@@ -199,7 +244,7 @@ impl Service {
         let phrases = align::phrases(question);
         let refs: Vec<&str> = phrases.iter().map(String::as_str).collect();
         let (stored, phrase_vectors) =
-            tokio::join!(self.store.windows(&filters, MAX_WINDOWS), self.embedder.embed(&refs));
+            tokio::join!(self.store.windows(&filters, MAX_WINDOWS), self.embedder.embed_now(&refs));
         let (stored, phrase_vectors) = (stored?, phrase_vectors?);
         // The fill's dense search starts now, beside the alignment and assembly (it needs only the question's
         // vector: the first phrase); dense only — on the qa set fused BM25 ranks worse than dense alone.
@@ -209,7 +254,7 @@ impl Service {
             f.sections = req.sections.clone();
             let dense = phrase_vectors.first().cloned().unwrap_or_default();
             let top = context::fill_candidates(budget).min(self.settings.max_top);
-            let q = Query { dense, sparse: store::Sparse::default(), filters: f, top };
+            let q = Query { dense, sparse: store::Sparse::default(), filters: f, top, fields: Some(FILL_FIELDS) };
             let store = Arc::clone(&self.store);
             tokio::spawn(async move { store.search(&q).await })
         });
@@ -228,7 +273,8 @@ impl Service {
         let views: Vec<PatientNote<'_>> = notes.iter().map(PatientNote::from).collect();
         let params = ContextParams { budget_tokens: budget, window_words: self.settings.window_words };
         let count = |t: &str| self.count_tokens(t);
-        let c = context::assemble(&views, &alignment, variables, lexicon, params, &count);
+        let ends = |t: &str| self.token_ends(t);
+        let c = context::assemble_with(&views, &alignment, variables, lexicon, params, &count, Some(&ends));
         // Fill: the nearest chunks, in what the windows left of the budget.
         let filled = match fill_search {
             Some(search) if !c.windows.is_empty() && c.tokens < budget => {
@@ -245,11 +291,7 @@ impl Service {
                             start: at(h, "start"),
                             end: at(h, "end"),
                             text: str_of(h, "text"),
-                            // Stored chunks carry their count with the embedding model's tokenizer.
-                            tokens: match self.counter {
-                                Counter::Model => h.payload.get("tokens").and_then(|v| v.as_u64()).map(|t| t as usize),
-                                Counter::File(_) => None,
-                            },
+                            tokens: self.stored_tokens(h),
                         })
                         .collect();
                     context::fill(&c.windows, &passages, budget, &count)
@@ -271,8 +313,10 @@ impl Service {
             // Nothing aligned (or no aligned concept in this patient's notes): hybrid chunks for the patient.
             // The question itself is the first phrase: its vector is already there.
             let dense = phrase_vectors.first().cloned();
-            let hits = self.hybrid_with(question, dense, filters, &req.sections, self.settings.max_top).await?;
-            response.fall_back(hits, budget, &|t| self.count_tokens(t));
+            let top = context::fill_candidates(budget).min(self.settings.max_top);
+            let hits = self.hybrid_with(question, dense, filters, &req.sections, top, Some(FILL_FIELDS)).await?;
+            response
+                .fall_back(hits, budget, &|h| self.stored_tokens(h).unwrap_or_else(|| self.count_tokens(h_text(h))));
         }
         Ok(response)
     }
@@ -326,7 +370,7 @@ impl Service {
         sections: &[String],
         top: usize,
     ) -> Result<Vec<store::Hit>, ServeError> {
-        self.hybrid_with(text, None, filters, sections, top).await
+        self.hybrid_with(text, None, filters, sections, top, None).await
     }
 
     /// Hybrid chunk search for `text` (its dense vector given, or embedded here).
@@ -337,13 +381,14 @@ impl Service {
         mut filters: Filters,
         sections: &[String],
         top: usize,
+        fields: Option<&'static [&'static str]>,
     ) -> Result<Vec<store::Hit>, ServeError> {
         filters.sections = sections.to_vec();
         let dense = match dense {
             Some(d) => d,
-            None => self.embedder.embed(&[text]).await?.pop().unwrap_or_default(),
+            None => self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default(),
         };
-        let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top };
+        let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top, fields };
         Ok(self.store.search(&q).await?)
     }
 

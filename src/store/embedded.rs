@@ -15,8 +15,8 @@ use std::time::Instant;
 use qdrant_edge::{
     CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams, EdgeVectorParams,
     FieldIndexOperations, Filter, JsonPath, Memory, Modifier, NamedQuery, Payload, PayloadFieldSchema, PointId,
-    PointInsertOperations, PointOperations, Prefetch, QueryEnum, QueryRequest, ScoringQuery, SparseVector,
-    UpdateOperation, VectorInternal, Vectors, WithPayloadInterface,
+    PointInsertOperations, PointOperations, QueryEnum, QueryRequest, ScoringQuery, SparseVector, UpdateOperation,
+    VectorInternal, Vectors, WithPayloadInterface,
 };
 use serde_json::Value;
 
@@ -32,6 +32,18 @@ pub struct EmbeddedStore {
     since_maintenance: AtomicU64,
     /// True while a maintenance task runs (at most one at a time).
     maintaining: Arc<AtomicBool>,
+}
+
+/// All of a point's payload, or only these fields.
+fn payload_of(fields: Option<&[&str]>) -> Result<WithPayloadInterface, StoreError> {
+    Ok(match fields {
+        None => WithPayloadInterface::Bool(true),
+        Some(f) => WithPayloadInterface::Fields(
+            f.iter()
+                .map(|f| f.parse::<JsonPath>().map_err(|_| StoreError::fatal(format!("not a payload field: {f}"))))
+                .collect::<Result<_, _>>()?,
+        ),
+    })
 }
 
 fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ {
@@ -255,14 +267,16 @@ impl EmbeddedStore {
             }
             p.build()
         };
-        let mut prefetches: Vec<Prefetch> = vec![prefetch(dense)];
-        if !q.sparse.indices.is_empty() {
-            prefetches.push(prefetch(sparse));
-        }
         let mut request = QueryRequest::new(q.top);
-        request.prefetches = prefetches;
-        request.query = Some(ScoringQuery::Fusion(qdrant_edge::Fusion::Rrf { k: 60, weights: None }));
-        request.with_payload = WithPayloadInterface::Bool(true);
+        if q.sparse.indices.is_empty() {
+            // Dense only: one ranking, no fusion.
+            request.query = Some(dense);
+            request.filter = filter;
+        } else {
+            request.prefetches = vec![prefetch(dense), prefetch(sparse)];
+            request.query = Some(ScoringQuery::Fusion(qdrant_edge::Fusion::Rrf { k: 60, weights: None }));
+        }
+        request.with_payload = payload_of(q.fields)?;
         self.blocking(move |shard| {
             let found = shard.query(request).map_err(fatal("query failed"))?;
             Ok(found
@@ -294,8 +308,10 @@ impl EmbeddedStore {
         f: &Filters,
         record: Record,
         limit: usize,
+        fields: &'static [&'static str],
     ) -> Result<Vec<serde_json::Map<String, Value>>, StoreError> {
         let filter = filter_of(f, record)?;
+        let payload = payload_of(Some(fields))?;
         self.blocking(move |shard| {
             let mut out = Vec::new();
             let mut offset: Option<PointId> = None;
@@ -307,7 +323,7 @@ impl EmbeddedStore {
                 let mut request = qdrant_edge::ScrollRequestBuilder::new()
                     .limit(page)
                     .filter(filter.clone())
-                    .with_payload(WithPayloadInterface::Bool(true));
+                    .with_payload(payload.clone());
                 if let Some(o) = offset {
                     request = request.offset(o);
                 }

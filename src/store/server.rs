@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use qdrant_client::qdrant::{
     Condition, CountPointsBuilder, CreateAliasBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
-    DeletePointsBuilder, Distance, FieldType, Filter, Fusion, HnswConfigDiffBuilder, Modifier, PointStruct,
-    PrefetchQueryBuilder, QuantizationSearchParamsBuilder, Query as QQuery, QueryPointsBuilder,
+    DeletePointsBuilder, Distance, FieldType, Filter, Fusion, HnswConfigDiffBuilder, Modifier, PayloadIncludeSelector,
+    PointStruct, PrefetchQueryBuilder, QuantizationSearchParamsBuilder, Query as QQuery, QueryPointsBuilder,
     ScalarQuantizationBuilder, SearchParamsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder,
     UpsertPointsBuilder, VectorParamsBuilder, VectorsConfigBuilder, point_id::PointIdOptions, vectors_config,
+    with_payload_selector::SelectorOptions,
 };
 use qdrant_client::{Payload, Qdrant, QdrantError};
 
@@ -73,6 +74,19 @@ fn id_string(id: Option<qdrant_client::qdrant::PointId>) -> String {
         Some(PointIdOptions::Uuid(u)) => u,
         Some(PointIdOptions::Num(n)) => n.to_string(),
         None => String::new(),
+    }
+}
+
+/// Only these payload fields.
+fn included(fields: &[&str]) -> SelectorOptions {
+    PayloadIncludeSelector::new(fields.iter().map(|f| f.to_string()).collect::<Vec<_>>()).into()
+}
+
+fn hit(p: qdrant_client::qdrant::ScoredPoint) -> Hit {
+    Hit {
+        id: id_string(p.id),
+        score: p.score,
+        payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
     }
 }
 
@@ -291,13 +305,35 @@ impl ServerStore {
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
         let filter = Some(filter_of(&q.filters, Record::Chunks));
+        let int8 = self.int8.then(|| {
+            SearchParamsBuilder::default()
+                .quantization(QuantizationSearchParamsBuilder::default().rescore(true).oversampling(INT8_OVERSAMPLING))
+        });
+        let payload = match q.fields {
+            None => SelectorOptions::from(true),
+            Some(fields) => included(fields),
+        };
+        if q.sparse.indices.is_empty() {
+            // Dense only: one ranking, no fusion.
+            let mut request = QueryPointsBuilder::new(&self.collection)
+                .query(QQuery::new_nearest(q.dense.clone()))
+                .using(DENSE)
+                .limit(q.top as u64)
+                .with_payload(payload);
+            if let Some(p) = int8 {
+                request = request.params(p);
+            }
+            if let Some(f) = filter {
+                request = request.filter(f);
+            }
+            let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
+            return Ok(found.result.into_iter().map(hit).collect());
+        }
         let candidates = (q.top * 4).max(20) as u64;
         let mut dense =
             PrefetchQueryBuilder::default().query(QQuery::new_nearest(q.dense.clone())).using(DENSE).limit(candidates);
-        if self.int8 {
-            dense = dense.params(SearchParamsBuilder::default().quantization(
-                QuantizationSearchParamsBuilder::default().rescore(true).oversampling(INT8_OVERSAMPLING),
-            ));
+        if let Some(p) = int8 {
+            dense = dense.params(p);
         }
         if let Some(f) = &filter {
             dense = dense.filter(f.clone());
@@ -306,27 +342,16 @@ impl ServerStore {
             .add_prefetch(dense)
             .query(QQuery::new_fusion(Fusion::Rrf))
             .limit(q.top as u64)
-            .with_payload(true);
-        if !q.sparse.indices.is_empty() {
-            let input =
-                qdrant_client::qdrant::VectorInput::new_sparse(q.sparse.indices.clone(), q.sparse.values.clone());
-            let mut sparse =
-                PrefetchQueryBuilder::default().query(QQuery::new_nearest(input)).using(SPARSE).limit(candidates);
-            if let Some(f) = &filter {
-                sparse = sparse.filter(f.clone());
-            }
-            request = request.add_prefetch(sparse);
+            .with_payload(payload);
+        let input = qdrant_client::qdrant::VectorInput::new_sparse(q.sparse.indices.clone(), q.sparse.values.clone());
+        let mut sparse =
+            PrefetchQueryBuilder::default().query(QQuery::new_nearest(input)).using(SPARSE).limit(candidates);
+        if let Some(f) = &filter {
+            sparse = sparse.filter(f.clone());
         }
+        request = request.add_prefetch(sparse);
         let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
-        Ok(found
-            .result
-            .into_iter()
-            .map(|p| Hit {
-                id: id_string(p.id),
-                score: p.score,
-                payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
-            })
-            .collect())
+        Ok(found.result.into_iter().map(hit).collect())
     }
 
     /// The ids of the `top` nearest points by the dense vector alone, searched as `how` says (the quantization
@@ -397,8 +422,10 @@ impl ServerStore {
         f: &Filters,
         record: Record,
         limit: usize,
+        fields: &[&str],
     ) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, StoreError> {
         use qdrant_client::qdrant::ScrollPointsBuilder;
+
         let filter = filter_of(f, record);
         let mut out = Vec::new();
         let mut offset = None;
@@ -407,8 +434,10 @@ impl ServerStore {
             if page == 0 {
                 break;
             }
-            let mut request =
-                ScrollPointsBuilder::new(&self.collection).filter(filter.clone()).limit(page).with_payload(true);
+            let mut request = ScrollPointsBuilder::new(&self.collection)
+                .filter(filter.clone())
+                .limit(page)
+                .with_payload(included(fields));
             if let Some(o) = offset.take() {
                 request = request.offset(o);
             }
