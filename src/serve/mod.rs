@@ -34,9 +34,9 @@ pub use api::{ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 /// window per mention cluster, this is thousands of notes).
 const MAX_WINDOWS: usize = 20_000;
 
-/// A hit's text.
-fn h_text(h: &store::Hit) -> &str {
-    h.payload.get("text").and_then(|v| v.as_str()).unwrap_or("")
+/// A string field of a hit's payload ("" when absent).
+fn str_of<'h>(h: &'h store::Hit, key: &str) -> &'h str {
+    h.payload.get(key).and_then(|v| v.as_str()).unwrap_or("")
 }
 
 /// The payload fields of a fill (or fallback) chunk: what [`context::fill`] reads and what cites the chunk (note,
@@ -279,9 +279,6 @@ impl Service {
         let filled = match fill_search {
             Some(search) if !c.windows.is_empty() && c.tokens < budget => {
                 let hits = search.await.map_err(|e| StoreError::unavailable(format!("fill search: {e}")))??;
-                fn str_of<'h>(h: &'h store::Hit, key: &str) -> &'h str {
-                    h.payload.get(key).and_then(|v| v.as_str()).unwrap_or("")
-                }
                 let at = |h: &store::Hit, key: &str| h.payload.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
                 let taken = {
                     let passages: Vec<context::Passage<'_>> = hits
@@ -315,8 +312,9 @@ impl Service {
             let dense = phrase_vectors.first().cloned();
             let top = context::fill_candidates(budget).min(self.settings.max_top);
             let hits = self.hybrid_with(question, dense, filters, &req.sections, top, Some(FILL_FIELDS)).await?;
-            response
-                .fall_back(hits, budget, &|h| self.stored_tokens(h).unwrap_or_else(|| self.count_tokens(h_text(h))));
+            response.fall_back(hits, budget, &|h| {
+                self.stored_tokens(h).unwrap_or_else(|| self.count_tokens(str_of(h, "text")))
+            });
         }
         Ok(response)
     }

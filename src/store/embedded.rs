@@ -308,7 +308,7 @@ impl EmbeddedStore {
         f: &Filters,
         record: Record,
         limit: usize,
-        fields: &'static [&'static str],
+        fields: &[&str],
     ) -> Result<Vec<serde_json::Map<String, Value>>, StoreError> {
         let filter = filter_of(f, record)?;
         let payload = payload_of(Some(fields))?;
