@@ -2,7 +2,8 @@
 //!
 //! * `FhirServer`: PyPI `fhirsnake` (installed into `.tools/fhir` by `make tools`; FastAPI + uvicorn; serves
 //!   `resources/<Type>/<id>.json`, `GET /<Type>/<id>`, `PUT /<Type>/<id>`) started per test on a free loopback port
-//!   with an empty resource directory; resources are uploaded with `PUT`, as against any FHIR server.
+//!   with an empty resource directory; resources are uploaded with `PUT`, as against any FHIR server, and also
+//!   written to that directory, so that a `restart` serves them from the start, as a real server would.
 //!   `CLINSTREAM_TEST_FHIR=http://host:port/base` points the tests at another server (plain http) instead.
 //!   `make test` sets `CLINSTREAM_REQUIRE_FHIR=1`: a missing fhirsnake fails there; elsewhere the tests say SKIPPED.
 //! * `Harness`: what fhirsnake does not do, written here: a SMART Backend Services token endpoint (`POST /token`,
@@ -120,7 +121,7 @@ impl FhirServer {
         self.child.is_some()
     }
 
-    /// Stops the local server (connections refused until `restart`); what was PUT is lost, so tests PUT again.
+    /// Stops the local server (connections refused until `restart`); what was PUT is kept (see `put`).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -128,7 +129,8 @@ impl FhirServer {
         }
     }
 
-    /// Starts the local server again on the same port.
+    /// Starts the local server again on the same port, with everything PUT before (as a real server keeps its
+    /// data over a restart; fhirsnake reads its resource directory at start-up, nothing is served half-loaded).
     pub fn restart(&mut self) {
         self.stop();
         let port = self.port;
@@ -147,6 +149,13 @@ impl FhirServer {
             http_request(&self.host, self.port, "PUT", &path, Some(&serde_json::to_vec(resource).unwrap()), &[])
                 .map(|(s, _, _)| s);
         assert!(matches!(status, Some(200 | 201)), "PUT {path}: {status:?}");
+        // fhirsnake keeps PUTs in memory only: the file makes the resource survive `restart`.
+        if let Some(dir) = &self.dir {
+            let kind = dir.path().join("resources").join(resource["resourceType"].as_str().unwrap());
+            std::fs::create_dir_all(&kind).unwrap();
+            let file = kind.join(format!("{}.json", resource["id"].as_str().unwrap()));
+            std::fs::write(file, serde_json::to_vec(resource).unwrap()).unwrap();
+        }
     }
 
     /// `GET` on the server: (status, content type, body).
