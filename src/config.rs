@@ -398,6 +398,9 @@ pub struct ClearSettings {
     /// The variables' embedding expansion (data/variables/expansion.tsv, `clinstream vocab expand`): concepts whose
     /// label is at least this close to a variable's labels become its targets too; 0 = none.
     pub expansion_min_score: f32,
+    /// Compound terms also found by their parts' plain words ("pleural air collection" → pneumothorax;
+    /// data/lexicon/combining_forms.tsv, src/lexicon/gloss.rs).
+    pub gloss_compounds: bool,
     #[serde(default)]
     pub variables: Vec<VariableDef>,
 }

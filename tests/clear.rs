@@ -52,6 +52,35 @@ fn labels_for_each_kind_of_evidence() {
     }
 }
 
+/// Phrasings that no synonym lists, reached through the compound's glossed parts (clear.gloss_compounds): the
+/// variables generalise to them, with their assertions; off, the same reports are not mentioned.
+#[test]
+fn compounds_are_found_by_their_parts_plain_words() {
+    let on = Pipeline::new(&common::settings()).unwrap();
+    let mut s = common::settings();
+    s.clear.gloss_compounds = false;
+    let off = Pipeline::new(&s).unwrap();
+    let cases = [
+        ("FINDINGS: Small right pleural air collection at the apex.\n", "pneumothorax", Label::Present),
+        ("FINDINGS: There is no air in the pleural space.\n", "pneumothorax", Label::Absent),
+        ("FINDINGS: Possible tiny amount of air within the left pleural space.\n", "pneumothorax", Label::Uncertain),
+        ("FINDINGS: The cardiac silhouette is severely enlarged.\n", "cardiomegaly", Label::Present),
+        ("FINDINGS: No enlarged cardiac contour.\n", "cardiomegaly", Label::Absent),
+    ];
+    for (text, variable, expected) in cases {
+        let r = result(&on, text, variable);
+        assert_eq!(r.label, expected, "{variable} in {text:?}: {r:?}");
+        let r = result(&off, text, variable);
+        assert_eq!(r.label, Label::NotMentioned, "gloss off: {variable} in {text:?}: {r:?}");
+    }
+    // A negation between the parts is no gloss (and hides no cue inside a span); other variables are untouched.
+    assert_eq!(result(&on, "FINDINGS: The heart is not enlarged.\n", "cardiomegaly").label, Label::NotMentioned);
+    assert_eq!(
+        result(&on, "FINDINGS: Small right pleural air collection.\n", "pleural_effusion").label,
+        Label::NotMentioned
+    );
+}
+
 #[test]
 fn weighted_votes_favour_heavier_sections_and_report_confidence() {
     let p = Pipeline::new(&common::settings()).unwrap();

@@ -9,6 +9,7 @@
 //! tolerated, longest-leftmost non-overlapping.
 
 pub mod compile;
+pub mod gloss;
 pub mod matcher;
 
 use std::collections::HashMap;

@@ -1,10 +1,13 @@
 //! Sentences → entity mentions with their assertion.
 //!
-//! In: the note text, its sections and sentences, the lexicon and the cue rules. Out: every lexicon match that
-//! lies inside a sentence (headers are not mentions), with kind, concept, span, sentence, section, and the
-//! ConText assertion computed over its sentence plus the section defaults. Cannot fail.
+//! In: the note text, its sections and sentences, the lexicon (and its compounds' glosses) and the cue rules.
+//! Out: every lexicon match that lies inside a sentence (headers are not mentions), and every gloss match that
+//! overlaps no lexicon match other than an anatomy term ("pleural" in "pleural air collection"), in text order, with
+//! kind, concept, span, sentence, section, and the ConText assertion computed over its sentence plus the section
+//! defaults. Cannot fail.
 
 use crate::lexicon::Lexicon;
+use crate::lexicon::gloss::Glosses;
 use crate::model::Assertion;
 pub use crate::model::Mention;
 use crate::model::{Section, Sentence};
@@ -16,10 +19,13 @@ pub fn extract(
     sections: &[Section],
     sentences: &[Sentence],
     lexicon: &Lexicon,
+    glosses: Option<&Glosses>,
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Mention> {
     let matches = lexicon.find(text);
+    let hits = glosses.map(|g| g.hits(text)).unwrap_or_default();
+    let mut h = 0;
     let mut out = Vec::with_capacity(matches.len());
     let mut m = 0;
     for (si, s) in sentences.iter().enumerate() {
@@ -41,6 +47,35 @@ pub fn extract(
                 });
             }
             m += 1;
+        }
+        while h < hits.len() && hits[h].start < s.start {
+            h += 1;
+        }
+        let from = h;
+        while h < hits.len() && hits[h].end <= s.end {
+            h += 1;
+        }
+        if let Some(g) = glosses.filter(|_| h - from > 1) {
+            let lexical = out.len();
+            for t in g.pairs(text, &hits[from..h]) {
+                let taken = out[first..lexical]
+                    .iter()
+                    .any(|x| x.start < t.end && t.start < x.end && x.kind != crate::lexicon::EntityKind::Anatomy);
+                if !taken {
+                    out.push(Mention {
+                        kind: lexicon.concept(t.concept).kind,
+                        concept: t.concept,
+                        start: t.start,
+                        end: t.end,
+                        sentence: si,
+                        section: s.section,
+                        assertion: Assertion::default(),
+                    });
+                }
+            }
+            if out.len() > lexical {
+                out[first..].sort_by_key(|x| (x.start, x.end));
+            }
         }
         if out.len() > first {
             let spans: Vec<(usize, usize)> = out[first..].iter().map(|x| (x.start, x.end)).collect();
