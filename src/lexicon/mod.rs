@@ -61,6 +61,8 @@ pub struct Lexicon {
     extra_terms: Vec<(String, bool)>,
     extra_term_concept: Vec<u32>,
     extra: Option<PhraseMatcher>,
+    /// The glosses of this lexicon's compound terms (`with_glosses`), used by the mentions stage and alignment.
+    glosses: Option<gloss::Glosses>,
     version: String,
 }
 
@@ -162,8 +164,21 @@ impl Lexicon {
             extra_terms: Vec::new(),
             extra_term_concept: Vec::new(),
             extra: None,
+            glosses: None,
             version: version.to_string(),
         })
+    }
+
+    /// This lexicon with the glosses of its compound terms (built for it: `gloss::Glosses::builtin(&lexicon)`).
+    /// `with_extra` does not carry them over (its terms differ).
+    pub fn with_glosses(mut self, glosses: gloss::Glosses) -> Self {
+        self.glosses = Some(glosses);
+        self
+    }
+
+    /// The glosses, when the lexicon has them.
+    pub fn glosses(&self) -> Option<&gloss::Glosses> {
+        self.glosses.as_ref()
     }
 
     /// A lexicon with extra terms (variable synonyms) on top of this one's; new concept ids become new concepts.
@@ -177,6 +192,7 @@ impl Lexicon {
             extra_terms: self.extra_terms.clone(),
             extra_term_concept: self.extra_term_concept.clone(),
             extra: None,
+            glosses: None,
             version: self.version.clone(),
         };
         for e in extra {

@@ -525,7 +525,8 @@ pub fn phrases(question: &str) -> Vec<String> {
 
 /// Aligns a question (`phrase_vectors`: the embeddings of `phrases(question)`, same order).
 ///
-/// Scores: a lexicon match that spans a whole content phrase ("cardiomegaly", "pleural effusion") is certain (1);
+/// Scores: a lexicon match that spans a whole content phrase ("cardiomegaly", "pleural effusion") or a compound's
+/// gloss ("air in the pleural space", the lexicon's glosses) is certain (1);
 /// a match inside a longer phrase ("lung" in "lung collapsed") only makes its target a candidate, scored by
 /// embedding like every other label. Answer targets: scores ≥ `min_score` within `margin` of the best, at most
 /// `max_targets`, anatomy only when nothing else qualifies (a body part is where, not what). Context targets: the
@@ -545,10 +546,14 @@ pub fn align(
         by_embedding.into_iter().map(|(t, s)| (t, (s, Found::Embedding))).collect();
     let variable_of = |c: u32| variables.iter().position(|v| v.targets().contains(&c));
     let runs: Vec<String> = phrases(question).into_iter().skip(1).collect();
-    for m in lexicon.find(question) {
+    // A compound said in plain words ("air in the pleural space") names its concept as surely as the term does.
+    let glossed = lexicon.glosses().map(|g| g.find(question, 0, question.len())).unwrap_or_default();
+    for (m, gloss) in
+        lexicon.find(question).into_iter().map(|m| (m, false)).chain(glossed.into_iter().map(|m| (m, true)))
+    {
         let target = variable_of(m.concept).map_or(Target::Concept(m.concept), Target::Variable);
         let matched = question[m.start..m.end].to_lowercase();
-        let whole = runs.contains(&matched);
+        let whole = gloss || runs.contains(&matched);
         let entry = scores.entry(target).or_insert((0.0, Found::Lexicon));
         entry.1 = Found::Lexicon;
         entry.0 = if whole { 1.0 } else { entry.0.max(params.context_min_score) };
@@ -709,6 +714,21 @@ mod tests {
             })
             .collect();
         LabelIndex::new(labels.to_vec(), vectors)
+    }
+
+    #[test]
+    fn a_compound_in_plain_words_aligns_like_its_term() {
+        let (lex, vars) = lexicon_and_variables();
+        let glosses = crate::lexicon::gloss::Glosses::builtin(&lex);
+        let glossed = lex.with_extra(&[]).unwrap().with_glosses(glosses);
+        let ptx = vars.iter().position(|v| v.name() == "pneumothorax").unwrap();
+        let question = "Is there air in the pleural space?";
+        let a = align(question, &[], &glossed, &vars, &LabelIndex::default(), None, AlignParams::default());
+        assert_eq!(a.variable, Some(ptx), "{:?}", a.aligned);
+        assert_eq!((a.aligned[0].score, a.aligned[0].found, a.aligned[0].answer), (1.0, Found::Lexicon, true));
+        // Without the glosses the question names no finding.
+        let b = align(question, &[], &lex, &vars, &LabelIndex::default(), None, AlignParams::default());
+        assert_eq!(b.variable, None, "{:?}", b.aligned);
     }
 
     #[test]

@@ -7,7 +7,6 @@
 //! defaults. Cannot fail.
 
 use crate::lexicon::Lexicon;
-use crate::lexicon::gloss::Glosses;
 use crate::model::Assertion;
 pub use crate::model::Mention;
 use crate::model::{Section, Sentence};
@@ -19,11 +18,11 @@ pub fn extract(
     sections: &[Section],
     sentences: &[Sentence],
     lexicon: &Lexicon,
-    glosses: Option<&Glosses>,
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Mention> {
     let matches = lexicon.find(text);
+    let glosses = lexicon.glosses();
     let hits = glosses.map(|g| g.hits(text)).unwrap_or_default();
     let mut h = 0;
     let mut out = Vec::with_capacity(matches.len());

@@ -72,8 +72,6 @@ pub struct Pipeline {
 pub struct Compiled {
     pub lexicon: Lexicon,
     pub variables: Vec<clear::Variable>,
-    /// The lexicon's compounds glossed (`clear.gloss_compounds`).
-    pub glosses: Option<crate::lexicon::gloss::Glosses>,
 }
 
 type CompiledCache = Mutex<Vec<(crate::config::ClearSettings, Arc<Compiled>)>>;
@@ -94,8 +92,13 @@ impl Pipeline {
                 let (lexicon, mut variables) =
                     clear::compile(&c.variables, c.window_words, c.token_budget, &Lexicon::builtin())?;
                 clear::expand(&mut variables, &lexicon, clear::EXPANSION_TSV, c.expansion_min_score);
-                let glosses = c.gloss_compounds.then(|| crate::lexicon::gloss::Glosses::builtin(&lexicon));
-                let compiled = Arc::new(Compiled { lexicon, variables, glosses });
+                let lexicon = if c.gloss_compounds {
+                    let glosses = crate::lexicon::gloss::Glosses::builtin(&lexicon);
+                    lexicon.with_glosses(glosses)
+                } else {
+                    lexicon
+                };
+                let compiled = Arc::new(Compiled { lexicon, variables });
                 cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
                 compiled
             }
@@ -144,7 +147,6 @@ impl Pipeline {
             &sections,
             &sentences,
             &self.compiled.lexicon,
-            self.compiled.glosses.as_ref(),
             assertion::ContextRules::builtin(),
             &self.assertion,
         );
