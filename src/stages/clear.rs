@@ -160,12 +160,27 @@ pub fn expand(variables: &mut [Variable], lexicon: &Lexicon, table: &str, min: f
     added
 }
 
-/// Word spans of a text (runs of non-whitespace).
+/// Whether `text[i..]` starts with whitespace, alphanumeric, and the character's length: ASCII bytes without
+/// decoding (9–13 and space are the ASCII characters `char::is_whitespace` takes), others decoded.
+#[inline]
+fn class_at(text: &str, i: usize) -> (bool, bool, usize) {
+    let b = text.as_bytes()[i];
+    if b < 0x80 {
+        (matches!(b, b'\t'..=b'\r' | b' '), b.is_ascii_alphanumeric(), 1)
+    } else {
+        let c = text[i..].chars().next().unwrap_or(' ');
+        (c.is_whitespace(), c.is_alphanumeric(), c.len_utf8())
+    }
+}
+
+/// Word spans of a text (runs of non-whitespace, as `char::is_whitespace` says).
 pub fn word_spans(text: &str) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(text.len() / 6);
     let mut start = None;
-    for (i, c) in text.char_indices() {
-        match (c.is_whitespace(), start) {
+    let mut i = 0;
+    while i < text.len() {
+        let (ws, _, len) = class_at(text, i);
+        match (ws, start) {
             (true, Some(s)) => {
                 out.push((s, i));
                 start = None;
@@ -173,6 +188,7 @@ pub fn word_spans(text: &str) -> Vec<(usize, usize)> {
             (false, None) => start = Some(i),
             _ => {}
         }
+        i += len;
     }
     if let Some(s) = start {
         out.push((s, text.len()));
@@ -184,27 +200,43 @@ pub fn word_spans(text: &str) -> Vec<(usize, usize)> {
 pub fn count_tokens(text: &str) -> usize {
     let mut n = 0;
     let mut in_word = false;
-    for c in text.chars() {
-        if c.is_alphanumeric() {
+    let mut i = 0;
+    while i < text.len() {
+        let (ws, alnum, len) = class_at(text, i);
+        if alnum {
             if !in_word {
                 n += 1;
                 in_word = true;
             }
         } else {
             in_word = false;
-            if !c.is_whitespace() {
+            if !ws {
                 n += 1;
             }
         }
+        i += len;
     }
     n
 }
 
 /// Evaluates every variable on one note.
 pub fn evaluate(text: &str, sections: &[Section], mentions: &[Mention], vars: &[Variable]) -> Vec<VariableResult> {
-    let words = word_spans(text);
-    let prefix = token_prefix(text, &words);
-    vars.iter().map(|v| evaluate_one(sections, mentions, &words, &prefix, v)).collect()
+    // Words and token counts only when some variable has a mention to take a window around (a variable without
+    // one never reads them).
+    let targets: Vec<Vec<&Mention>> = vars
+        .iter()
+        .map(|v| {
+            mentions
+                .iter()
+                .filter(|m| v.targets.contains(&m.concept))
+                .filter(|m| v.admits_section(sections[m.section].name))
+                .collect()
+        })
+        .collect();
+    let any = targets.iter().any(|t| !t.is_empty());
+    let words = if any { word_spans(text) } else { Vec::new() };
+    let prefix = if any { token_prefix(text, &words) } else { Vec::new() };
+    vars.iter().zip(targets).map(|(v, t)| evaluate_one(sections, t, &words, &prefix, v)).collect()
 }
 
 /// `prefix[i]` = tokens in the first `i` words. Words are whitespace-separated and `count_tokens` counts nothing
@@ -221,18 +253,14 @@ fn token_prefix(text: &str, words: &[(usize, usize)]) -> Vec<usize> {
     prefix
 }
 
+/// One variable from its target mentions (in text order, in admitted sections).
 fn evaluate_one(
     sections: &[Section],
-    mentions: &[Mention],
+    targets: Vec<&Mention>,
     words: &[(usize, usize)],
     prefix: &[usize],
     v: &Variable,
 ) -> VariableResult {
-    let targets: Vec<&Mention> = mentions
-        .iter()
-        .filter(|m| v.targets.contains(&m.concept))
-        .filter(|m| v.admits_section(sections[m.section].name))
-        .collect();
     let word_of = |offset: usize| words.partition_point(|&(_, e)| e <= offset).min(words.len().saturating_sub(1));
     // Windows as word ranges, merged when they overlap or touch.
     let mut windows: Vec<(usize, usize, Vec<&Mention>)> = Vec::new();
@@ -363,5 +391,56 @@ mod tests {
             }
         }
         assert_eq!(word_spans(" a  bc\nd "), vec![(1, 2), (4, 6), (7, 8)]);
+    }
+
+    /// The byte-wise versions agree with the plain char-by-char definitions, Unicode included.
+    #[test]
+    fn fast_word_and_token_counts_match_the_definitions() {
+        fn words_ref(text: &str) -> Vec<(usize, usize)> {
+            let mut out = Vec::new();
+            let mut start = None;
+            for (i, c) in text.char_indices() {
+                match (c.is_whitespace(), start) {
+                    (true, Some(s)) => {
+                        out.push((s, i));
+                        start = None;
+                    }
+                    (false, None) => start = Some(i),
+                    _ => {}
+                }
+            }
+            if let Some(s) = start {
+                out.push((s, text.len()));
+            }
+            out
+        }
+        fn tokens_ref(text: &str) -> usize {
+            let (mut n, mut in_word) = (0, false);
+            for c in text.chars() {
+                if c.is_alphanumeric() {
+                    n += usize::from(!in_word);
+                    in_word = true;
+                } else {
+                    in_word = false;
+                    n += usize::from(!c.is_whitespace());
+                }
+            }
+            n
+        }
+        let alphabet: Vec<char> =
+            "ab Z9\t\n\r\u{0B}\u{0C}\u{1C}.,;-/é中\u{00A0}\u{2003}\u{0085}\u{3000}µ²½".chars().collect();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        for len in 0..400 {
+            let text: String = (0..len % 60)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    alphabet[(seed % alphabet.len() as u64) as usize]
+                })
+                .collect();
+            assert_eq!(word_spans(&text), words_ref(&text), "{text:?}");
+            assert_eq!(count_tokens(&text), tokens_ref(&text), "{text:?}");
+        }
     }
 }
