@@ -6,7 +6,7 @@
 //! kind, concept, span, sentence, section, and the ConText assertion computed over its sentence plus the section
 //! defaults. Cannot fail.
 
-use crate::lexicon::Lexicon;
+use crate::lexicon::{Lexicon, TermMatch};
 use crate::model::Assertion;
 pub use crate::model::Mention;
 use crate::model::{Section, Sentence};
@@ -25,6 +25,15 @@ pub fn extract(
     let glosses = lexicon.glosses();
     let hits = glosses.map(|g| g.hits(text)).unwrap_or_default();
     let mut h = 0;
+    let mention = |t: TermMatch, sentence: usize, section: usize| Mention {
+        kind: lexicon.concept(t.concept).kind,
+        concept: t.concept,
+        start: t.start,
+        end: t.end,
+        sentence,
+        section,
+        assertion: Assertion::default(),
+    };
     let mut out = Vec::with_capacity(matches.len());
     let mut m = 0;
     for (si, s) in sentences.iter().enumerate() {
@@ -35,15 +44,7 @@ pub fn extract(
         while m < matches.len() && matches[m].start < s.end {
             let t = matches[m];
             if t.end <= s.end {
-                out.push(Mention {
-                    kind: lexicon.concept(t.concept).kind,
-                    concept: t.concept,
-                    start: t.start,
-                    end: t.end,
-                    sentence: si,
-                    section: s.section,
-                    assertion: Assertion::default(),
-                });
+                out.push(mention(t, si, s.section));
             }
             m += 1;
         }
@@ -61,15 +62,7 @@ pub fn extract(
                     .iter()
                     .any(|x| x.start < t.end && t.start < x.end && x.kind != crate::lexicon::EntityKind::Anatomy);
                 if !taken {
-                    out.push(Mention {
-                        kind: lexicon.concept(t.concept).kind,
-                        concept: t.concept,
-                        start: t.start,
-                        end: t.end,
-                        sentence: si,
-                        section: s.section,
-                        assertion: Assertion::default(),
-                    });
+                    out.push(mention(t, si, s.section));
                 }
             }
             if out.len() > lexical {
