@@ -130,7 +130,7 @@ bench: model tools
 
 # The Kafka end-to-end and RSS parts of `make bench` on their own.
 # Through a local broker: notes/s from the input topic to committed outputs, 1 and 2 workers (E2E_NOTES notes).
-E2E_NOTES ?= 300
+E2E_NOTES ?= 200
 bench-e2e: model tools build
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
 	python3 bench/kafka_e2e.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(E2E_NOTES) 1 2

@@ -52,6 +52,26 @@ def stage_sums(body):
     return out
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process and its threads so far (Linux /proc), 0 when it is gone."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def chunking(env):
+    """The chunking the workers run with: the environment's override, else config/default.toml's."""
+    import tomllib
+    with open(os.path.join(os.path.dirname(__file__), "..", "config", "default.toml"), "rb") as f:
+        c = tomllib.load(f)["chunking"]
+    strategy = env.get("CLINSTREAM__CHUNKING__STRATEGY", c["strategy"])
+    vectors = env.get("CLINSTREAM__CHUNKING__SEOS_VECTORS", c["seos_vectors"])
+    # The embedding-bound mode of `clinstream bench seos` that has the same model inputs.
+    return {"strategy": strategy, "seos_vectors": vectors, "bound_mode": "fixed" if strategy == "fixed" else vectors}
+
+
 def notes(path, n):
     with open(path, newline="", encoding="utf-8") as f:
         rows = [r["transcription"] for r in csv.DictReader(f) if r.get("transcription", "").strip()]
@@ -104,6 +124,7 @@ def run(bin_, events_path, n, workers, work):
             check()
             time.sleep(0.05)
         start = time.time()
+        cpu0 = {"broker": cpu_seconds(broker.pid), "workers": sum(cpu_seconds(p.pid) for p in procs)}
         while sum(total(metrics(p), "clinstream_documents_finished_total{") for p in ports) < n:
             check()
             time.sleep(0.1)
@@ -113,6 +134,8 @@ def run(bin_, events_path, n, workers, work):
             check()
             time.sleep(0.05)
         committed = time.time()
+        cpu = {"broker": cpu_seconds(broker.pid) - cpu0["broker"],
+               "workers": sum(cpu_seconds(p.pid) for p in procs) - cpu0["workers"]}
         bodies = [metrics(p) for p in ports]
         stages = {}
         for b in bodies:
@@ -123,10 +146,13 @@ def run(bin_, events_path, n, workers, work):
         shown = {k: v for k, v in stages.items() if k not in ("index",)}
         busiest = max(shown, key=shown.get) if shown else None
         return {
-            "workers": workers, "notes": n, "seconds_to_committed": round(committed - start, 2),
+            "workers": workers, "notes": n, "chunking": chunking(env), "seconds_to_committed": round(committed - start, 2),
             "notes_per_s": round(n / (committed - start), 2), "notes_per_s_finished": round(n / (finished - start), 2),
             "embed_tokens": int(tokens), "stage_seconds": {k: round(v, 2) for k, v in sorted(shown.items())},
             "bottleneck": busiest,
+            # Where the machine's CPU went while the notes ran (seconds): the broker shares the cores in this bench.
+            "cpu_seconds": {k: round(v, 1) for k, v in cpu.items()},
+            "cores": os.cpu_count(),
             "build_info": sorted({l for b in bodies for l in b.splitlines() if l.startswith("clinstream_build_info{")}),
         }
     finally:

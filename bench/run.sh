@@ -5,10 +5,13 @@
 #      (clinstream bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
 #      fp32 model and beside it the int8 model (model.int8.onnx, with its cosine to fp32 on the same inputs);
-#   2b. SEOS vector modes (groups = exact, sentences, composed) on SEOS_NOTES notes (default 200): model tokens per
-#      note, agreement with the exact plan, notes/s against the embedding bound; then SEOS end to end in file mode,
-#      BASE_BIN (today's release, when given) beside this tree's modes (SEOS_E2E_NOTES, default 100; 0 skips);
-#   3. end to end through a local broker, 1 and 2 workers (E2E_NOTES notes, default 300; E2E_NOTES=0 skips);
+#   2b. SEOS vector modes (groups = exact, sentences, composed) and fixed-size chunks on SEOS_NOTES notes (default
+#      200): model tokens per note, agreement with the exact plan, and each mode's embedding bound (its own model
+#      inputs through the bare ONNX Runtime loop); then end to end in file mode on the same notes, BASE_BIN (today's
+#      release, when given) beside this tree's SEOS modes and fixed chunks (SEOS_E2E_NOTES, default SEOS_NOTES;
+#      0 skips);
+#   3. end to end through a local broker on the same notes: fixed chunks with 1 and 2 workers, SEOS with 1
+#      (E2E_NOTES, default SEOS_NOTES; E2E_NOTES=0 skips); every end-to-end figure is printed beside its bound;
 #   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips);
 #   5. int8 scalar quantization against exact search on a Qdrant server (SHARED/tools/qdrant/qdrant-server, or
 #      QDRANT_URL for another server): recall@10 and latency of HNSW, int8 without and with rescoring
@@ -54,19 +57,23 @@ echo "embedding with the int8 model (and its cosine to fp32 on 3,000 of the same
 CLINSTREAM__EMBED__MODEL_FILE=model.int8.onnx "$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" \
   --check-cpu 3000 > "$WORK/embed-int8.json"
 echo "SEOS vector modes side by side (${SEOS_NOTES:-200} notes)..." >&2
-"$BIN" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" > "$WORK/seos.json"
+"$BIN" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" --modes sentences,composed,fixed > "$WORK/seos.json"
+SEOS_E2E_NOTES=${SEOS_E2E_NOTES:-${SEOS_NOTES:-200}}
+E2E_NOTES=${E2E_NOTES:-${SEOS_NOTES:-200}}
 echo '{}' > "$WORK/seos-e2e.json"
-if [ "${SEOS_E2E_NOTES:-100}" != 0 ]; then
-  echo "SEOS end to end in file mode (${SEOS_E2E_NOTES:-100} notes, 2 rounds)${BASE_BIN:+, beside $BASE_BIN}..." >&2
-  python3 bench/seos_e2e.py "$WORK/mtsamples.csv" "${SEOS_E2E_NOTES:-100}" 2 ${BASE_BIN:+"base=$BASE_BIN"} \
-    "groups=$BIN:groups" "sentences=$BIN:sentences" "composed=$BIN:composed" > "$WORK/seos-e2e.json"
+if [ "$SEOS_E2E_NOTES" != 0 ]; then
+  echo "end to end in file mode, SEOS modes and fixed chunks ($SEOS_E2E_NOTES notes, 2 rounds)${BASE_BIN:+, beside $BASE_BIN}..." >&2
+  python3 bench/seos_e2e.py "$WORK/mtsamples.csv" "$SEOS_E2E_NOTES" 2 ${BASE_BIN:+"base=$BASE_BIN"} \
+    "groups=$BIN:groups" "sentences=$BIN:sentences" "composed=$BIN:composed" "fixed=$BIN:fixed" > "$WORK/seos-e2e.json"
 fi
 echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
-echo '{}' > "$WORK/e2e.json"
-if [ "${E2E_NOTES:-300}" != 0 ]; then
+echo '{}' > "$WORK/e2e.json"; echo '{}' > "$WORK/e2e-seos.json"
+if [ "$E2E_NOTES" != 0 ]; then
   echo "end to end through a local broker (fixed-size chunks, CPU embedding), 1 and 2 workers..." >&2
-  python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "${E2E_NOTES:-300}" 1 2 > "$WORK/e2e.json"
+  CLINSTREAM__CHUNKING__STRATEGY=fixed python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 2 > "$WORK/e2e.json"
+  echo "end to end through a local broker (SEOS, the default vectors), 1 worker..." >&2
+  CLINSTREAM__CHUNKING__STRATEGY=seos python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 > "$WORK/e2e-seos.json"
 fi
 echo '{}' > "$WORK/rss.json"
 if [ "${RSS_SECONDS:-300}" != 0 ]; then
@@ -114,6 +121,7 @@ e8 = json.load(open(f"{work}/embed-int8.json"))
 seos = json.load(open(f"{work}/seos.json"))
 seos_e2e = json.load(open(f"{work}/seos-e2e.json"))
 e2e = json.load(open(f"{work}/e2e.json"))
+e2e_seos = json.load(open(f"{work}/e2e-seos.json"))
 rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
 serve = json.load(open(f"{work}/serve.json"))
@@ -134,6 +142,7 @@ result = {
     "seos_modes": seos,
     "seos_e2e": seos_e2e,
     "kafka_e2e": e2e,
+    "kafka_e2e_seos": e2e_seos,
     "rss": rss,
     "quantization": quant,
     "serve": serve,
@@ -189,9 +198,32 @@ if seos_e2e:
     for x in seos_e2e["entries"]:
         print(f"  end to end, file mode, {x['name']:<10} {x['best_notes_per_s']:6.2f} notes/s (best of {seos_e2e['rounds']}), "
               f"x{x['best_vs_baseline']:.2f} of {seos_e2e['entries'][0]['name']}")
-for run in e2e.get("runs", []):
-    print(f"end to end, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to committed outputs "
-          f"({run['notes']} notes in {run['seconds_to_committed']:.1f} s); bottleneck stage: {run['bottleneck']}")
+for name, x in (("fixed", e2e), ("SEOS", e2e_seos)):
+    for run in x.get("runs", []):
+        print(f"end to end through the broker, {name}, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to "
+              f"committed outputs ({run['notes']} notes in {run['seconds_to_committed']:.1f} s; {run['embed_tokens']} "
+              f"embedded tokens); CPU s: workers {run['cpu_seconds']['workers']}, broker {run['cpu_seconds']['broker']}; "
+              f"bottleneck stage: {run['bottleneck']}")
+# End to end against the embedding bound of the same notes' own model inputs (bench seos, step 2b).
+bounds = {m["mode"]: m for m in seos["modes"]}
+rows = []
+for x in (seos_e2e or {}).get("entries", []):
+    if x["mode"] in bounds:
+        rows.append((f"file mode, {x['name']}", x["best_notes_per_s"], x["mode"], seos_e2e["notes"]))
+for name, x in (("fixed", e2e), ("SEOS", e2e_seos)):
+    for run in x.get("runs", []):
+        mode = run["chunking"]["bound_mode"]
+        rows.append((f"broker, {name} ({mode}), {run['workers']} worker(s)", run["notes_per_s"], mode, run["notes"]))
+if rows:
+    print(f"end to end / embedding bound (bound: bench seos over the first {seos['notes']} notes, the same model inputs "
+          "through the bare ONNX Runtime loop):")
+    for label, nps, mode, n in rows:
+        b = bounds.get(mode)
+        if b is None:
+            continue
+        same = "" if n == seos["notes"] else f"  (bound taken on {seos['notes']} notes, this run on {n})"
+        print(f"  {label:<34} {nps:6.2f} notes/s  bound ({mode}) {b['bound_notes_per_s']:6.2f}  "
+              f"ratio {nps / b['bound_notes_per_s']:.2f}{same}")
 for mode, x in rss.items():
     print(f"RSS {mode}: {x['rss_mb_after_warmup']:.0f} MB after warm-up -> {x['rss_mb_last']:.0f} MB after {x['duration_s']:.0f} s "
           f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; heap {x['anon_mb_after_warmup']:.0f} -> "

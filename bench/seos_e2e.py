@@ -4,7 +4,8 @@
 Usage: bench/seos_e2e.py MTSAMPLES_CSV NOTES ROUNDS NAME=BIN[:SEOS_VECTORS] [NAME=BIN[:SEOS_VECTORS] ...]
 
 Each entry is a `clinstream` binary and, for binaries that have the setting, a `chunking.seos_vectors` mode
-(groups | sentences | composed); a binary without `:MODE` runs with its defaults. Every entry runs
+(groups | sentences | composed), or `fixed` for fixed-size chunks instead of SEOS; a binary without `:MODE` runs
+with its defaults. Every entry runs
 `clinstream run --no-progress --input notes.ndjson --out DIR` over the first NOTES non-empty MTSamples notes with
 SEOS indexing into a fresh embedded store (CLINSTREAM__STORE__PATH=DIR/qdrant), ROUNDS times, entries alternating
 within a round so that drift hits all of them. Prints JSON: best and mean notes/s per entry, points written, and
@@ -61,7 +62,9 @@ def main():
                 shutil.rmtree(out, ignore_errors=True)
                 env = dict(os.environ, CLINSTREAM__STORE__PATH=os.path.join(out, "qdrant"),
                            CLINSTREAM__CHUNKING__STRATEGY="seos", CLINSTREAM__LOG__LEVEL="warn")
-                if mode:
+                if mode == "fixed":
+                    env["CLINSTREAM__CHUNKING__STRATEGY"] = "fixed"
+                elif mode:
                     env["CLINSTREAM__CHUNKING__SEOS_VECTORS"] = mode
                 start = time.perf_counter()
                 p = subprocess.run([binary, "run", "--no-progress", "--input", path, "--out", out], env=env,

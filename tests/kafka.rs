@@ -138,6 +138,35 @@ fn happy_path_outputs_and_commits() {
     assert!(w.stdout_text().contains("documents read                   300"), "{}", w.stdout_text());
 }
 
+/// A backlog that fits in the intake channel still pauses the partitions while the runner is busy, and resumes
+/// them as it drains: records that wait in the channel count, not only those held back behind it. (Without this a
+/// worker with a small backlog keeps fetching what it cannot use; a broker that answers an empty fetch at once is
+/// then asked thousands of times a second: docs/kafka.md, "Backpressure".)
+#[test]
+fn a_backlog_within_the_channel_pauses_intake_while_the_runner_is_busy() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("pausechan");
+    let dir = test_dir();
+    create_topic(&addr, &names.input, 2);
+    // 200 events fit in the default channel (256): nothing is ever held back behind it.
+    let events = documents("pausechan", 200);
+    produce(&addr, &names.input, &events);
+    let extra = vec![
+        ("CLINSTREAM__PIPELINE__IN_FLIGHT", "1".to_string()),
+        ("CLINSTREAM__KAFKA__PAUSE_AFTER_MS", "10".to_string()),
+    ];
+    let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
+    wait_until(Duration::from_secs(60), "kg records for every document", || distinct_keys(&addr, &names.kg) == 200);
+    wait_all_committed(&addr, &names, 10);
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    assert_all_committed(&addr, &names);
+    assert_eq!(read_all(&addr, &names.kg, true).len(), 200, "one kg record per document, none twice");
+    let log = w.log_text();
+    assert!(log.contains("pausing intake") && log.contains("Resuming intake"), "expected pause/resume:\n{log}");
+}
+
 #[test]
 fn poison_messages_go_to_the_dead_letter_topic() {
     let Some(addr) = shared_broker() else { return };

@@ -365,8 +365,8 @@ pub fn seos(
         events.iter().filter_map(|e| pipeline.process(e).ok()).map(Arc::new).collect();
     let mut base = settings.clone();
     base.chunking.strategy = "seos".into();
-    if let Some(bad) = modes.iter().find(|m| !["groups", "sentences", "composed"].contains(&m.as_str())) {
-        anyhow::bail!("--modes: `{bad}` is not groups, sentences or composed");
+    if let Some(bad) = modes.iter().find(|m| !["groups", "sentences", "composed", "fixed"].contains(&m.as_str())) {
+        anyhow::bail!("--modes: `{bad}` is not groups, sentences, composed or fixed");
     }
     let mut all_modes = vec!["groups".to_string()];
     all_modes.extend(modes.iter().filter(|m| *m != "groups").cloned());
@@ -374,7 +374,12 @@ pub fn seos(
         .iter()
         .map(|m| {
             let mut s = base.clone();
-            s.chunking.seos_vectors = m.clone();
+            if m == "fixed" {
+                // Fixed-size chunks: no SEOS vectors, the chunks alone go to the model (its bound for `make bench`).
+                s.chunking.strategy = "fixed".into();
+            } else {
+                s.chunking.seos_vectors = m.clone();
+            }
             crate::index::Chunker::new(&s, embedder.clone(), pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -471,7 +476,7 @@ pub fn seos(
 
 /// The token ids a SEOS mode gave the model for these notes, rebuilt from their units and plans: the groups
 /// (`groups`) or the sentences (`sentences`, `composed`) of notes with more than one unit, then the chunks (not for
-/// `composed`).
+/// `composed`; only the chunks for `fixed`).
 fn model_inputs(
     chunker: &crate::index::Chunker,
     mode: &str,

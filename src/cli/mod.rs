@@ -335,6 +335,8 @@ enum BenchCommand {
     /// SEOS's vector modes side by side (`chunking.seos_vectors`: groups, sentences, composed) on the same notes:
     /// notes/s through units, shifts, plan and chunk vectors, embedded tokens per note token, and agreement with
     /// the exact method (`groups`): shared chunk starts, identical plans, cosine of the same chunk's vectors (JSON).
+    /// Mode `fixed` runs fixed-size chunks beside them (`chunking.strategy = fixed`: the chunks alone are embedded).
+    /// Each mode's embedding bound comes from its own model inputs through the bare ONNX Runtime loop.
     Seos {
         #[arg(long)]
         csv: PathBuf,

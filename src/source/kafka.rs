@@ -2,9 +2,9 @@
 //! over a bounded channel (`Intake<KafkaRecord>`).
 //!
 //! * Backpressure: when the channel is full the thread holds records back (in order) and keeps polling; when
-//!   the in-flight budget stays exhausted for `kafka.pause_after_ms` (or the held records reach sixteen times
-//!   `pipeline.in_flight`, at least 1,024) it pauses the assigned partitions, and resumes them when a quarter of that
-//!   is left.
+//!   records wait for the runner (its in-flight budget full) without a break for `kafka.pause_after_ms` (or the
+//!   held records reach sixteen times `pipeline.in_flight`, at least 1,024) it pauses the assigned partitions, and
+//!   resumes them when half of what waited at the pause is left.
 //!   Polling never stops, so the worker stays in the group (`max.poll.interval.ms`).
 //! * Revocation: before partitions are released, the rebalance callback (on this thread) hands over what it
 //!   holds, sends `Intake::Revoking` behind it and waits — at most `kafka.drain_timeout_ms` — while the runner
@@ -157,6 +157,12 @@ impl IntakeContext {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         Self::hand_over(&self.tx, &mut held);
         held.len()
+    }
+
+    /// Items waiting for the runner: held here plus queued in the channel (after a hand-over).
+    fn buffered(&self) -> (usize, usize) {
+        let held = self.held_len();
+        (held, held + self.tx.max_capacity() - self.tx.capacity())
     }
 
     /// Hands over everything held and then `item`, waiting for room until `deadline`. False on timeout.
@@ -364,24 +370,30 @@ pub fn start(
 
 fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration) {
     let ctx = consumer.context();
-    let mut full_since: Option<Instant> = None;
+    // Since when records have been waiting for the runner without a break (its in-flight budget is full), and
+    // how many waited when intake was paused.
+    let mut waiting_since: Option<Instant> = None;
+    let mut buffered_at_pause = 0usize;
     let mut last_error: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
-        let held = ctx.held_len();
-        if held == 0 {
-            full_since = None;
+        let (held, buffered) = ctx.buffered();
+        if buffered == 0 {
+            waiting_since = None;
         } else {
-            full_since.get_or_insert_with(Instant::now);
+            waiting_since.get_or_insert_with(Instant::now);
         }
         let paused = ctx.paused.load(Ordering::SeqCst);
-        let exhausted = full_since.is_some_and(|t| t.elapsed() >= pause_after) || held >= ctx.held_limit;
+        let exhausted = waiting_since.is_some_and(|t| t.elapsed() >= pause_after) || held >= ctx.held_limit;
         if !paused && exhausted {
             set_paused(consumer, true);
-        } else if paused && held <= ctx.held_limit / 4 {
-            // Resume before everything held is handed over: a resumed partition's next fetch can take up to a
-            // second, and what is still held (plus the channel and the in-flight queue) covers that gap.
+            buffered_at_pause = buffered;
+        } else if paused && buffered <= buffered_at_pause / 2 {
+            // Resume before everything buffered is handed over: a resumed partition's next fetch can take up to a
+            // second, and what is still buffered (plus the in-flight queue) covers that gap. Staying paused while
+            // the runner has work also spares the broker fetches it cannot use (a broker that answers an empty
+            // fetch at once, without waiting `fetch.wait.max.ms`, is otherwise asked thousands of times a second).
             set_paused(consumer, false);
-            full_since = (held > 0).then(Instant::now);
+            waiting_since = (buffered > 0).then(Instant::now);
         }
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
