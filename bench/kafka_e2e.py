@@ -124,8 +124,19 @@ def run(bin_, events_path, n, workers, work):
             check()
             time.sleep(0.05)
         start = time.time()
+        assigned = None
+        in_flight = []
         cpu0 = {"broker": cpu_seconds(broker.pid), "workers": sum(cpu_seconds(p.pid) for p in procs)}
-        while sum(total(metrics(p), "clinstream_documents_finished_total{") for p in ports) < n:
+        while True:
+            bodies = [metrics(p) for p in ports]
+            if sum(total(b, "clinstream_documents_finished_total{") for b in bodies) >= n:
+                break
+            # When every worker has its partitions (group join and assignment are part of the measured time), and
+            # how full the in-flight window is while the notes run.
+            if assigned is None and all(total(b, "clinstream_kafka_assigned_partitions ") > 0 for b in bodies):
+                assigned = time.time() - start
+            if assigned is not None:
+                in_flight.append(sum(total(b, "clinstream_in_flight_documents ") for b in bodies))
             check()
             time.sleep(0.1)
         finished = time.time()
@@ -142,6 +153,8 @@ def run(bin_, events_path, n, workers, work):
             for k, v in stage_sums(b).items():
                 stages[k] = stages.get(k, 0.0) + v
         tokens = sum(total(b, "clinstream_embed_tokens_total ") for b in bodies)
+        model_s = sum(total(b, "clinstream_embed_batch_duration_seconds_sum") for b in bodies)
+        batches = sum(total(b, "clinstream_embed_batch_duration_seconds_count") for b in bodies)
         # Per-document stage time; "index" contains "embed" and "qdrant", so it is not counted twice.
         shown = {k: v for k, v in stages.items() if k not in ("index",)}
         busiest = max(shown, key=shown.get) if shown else None
@@ -153,6 +166,10 @@ def run(bin_, events_path, n, workers, work):
             # Where the machine's CPU went while the notes ran (seconds): the broker shares the cores in this bench.
             "cpu_seconds": {k: round(v, 1) for k, v in cpu.items()},
             "cores": os.cpu_count(),
+            "seconds_to_assigned": round(assigned, 2) if assigned is not None else None,
+            "mean_in_flight": round(sum(in_flight) / len(in_flight), 1) if in_flight else None,
+            # Time the model threads spent in batches (summed over workers) and the batches run.
+            "model_seconds": round(model_s, 2), "batches": int(batches),
             "build_info": sorted({l for b in bodies for l in b.splitlines() if l.startswith("clinstream_build_info{")}),
         }
     finally:

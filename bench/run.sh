@@ -203,6 +203,8 @@ for name, x in (("fixed", e2e), ("SEOS", e2e_seos)):
         print(f"end to end through the broker, {name}, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to "
               f"committed outputs ({run['notes']} notes in {run['seconds_to_committed']:.1f} s; {run['embed_tokens']} "
               f"embedded tokens); CPU s: workers {run['cpu_seconds']['workers']}, broker {run['cpu_seconds']['broker']}; "
+              f"model busy {run.get('model_seconds')} s in {run.get('batches')} batches; partitions assigned after "
+              f"{run.get('seconds_to_assigned')} s; mean in flight {run.get('mean_in_flight')}; "
               f"bottleneck stage: {run['bottleneck']}")
 # End to end against the embedding bound of the same notes' own model inputs (bench seos, step 2b).
 bounds = {m["mode"]: m for m in seos["modes"]}
