@@ -258,6 +258,9 @@ pub struct KafkaSettings {
     pub transactional_id: String,
     pub commit_interval_ms: u64,
     pub pause_after_ms: u64,
+    /// Against a broker that answers empty fetches at once (seen in librdkafka's statistics), how long intake
+    /// pauses once it is caught up before fetching again; 0 never pauses. Apache Kafka is never paused for it.
+    pub idle_backoff_ms: u64,
     pub drain_timeout_ms: u64,
     pub retry_initial_ms: u64,
     pub retry_max_ms: u64,

@@ -167,6 +167,50 @@ fn a_backlog_within_the_channel_pauses_intake_while_the_runner_is_busy() {
     assert!(log.contains("pausing intake") && log.contains("Resuming intake"), "expected pause/resume:\n{log}");
 }
 
+/// A caught-up worker asks the broker for records at a modest rate, whatever the broker: Apache Kafka holds an
+/// empty fetch for `fetch.wait.max.ms`, and against a broker that answers it at once (the test broker: thousands of
+/// fetches a second) the worker pauses its partitions once each has reported its end. Records produced while it
+/// idles are still taken.
+#[test]
+fn a_caught_up_worker_does_not_hammer_the_broker_and_still_takes_new_records() {
+    let Some(addr) = shared_broker() else { return };
+    let _turn = serial();
+    let names = Names::new("idle");
+    let dir = test_dir();
+    let port = free_port();
+    create_topic(&addr, &names.input, 4);
+    produce(&addr, &names.input, &documents("idle-a", 20));
+    let extra = vec![
+        ("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{port}")),
+        ("CLINSTREAM__KAFKA__CONSUMER__STATISTICS__INTERVAL__MS", "500".to_string()),
+    ];
+    let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
+    wait_until(Duration::from_secs(60), "kg records for the first documents", || distinct_keys(&addr, &names.kg) == 20);
+    let fetches = || {
+        let (200, body) = http_get(port, "/metrics").expect("metrics") else { panic!("metrics") };
+        common::metric_value(&body, "clinstream_kafka_fetch_requests_total").expect("fetch requests exported")
+    };
+    // Caught up; the statistics (every 500 ms) have had time to show how the broker answers.
+    std::thread::sleep(Duration::from_secs(3));
+    let (f0, t0) = (fetches(), Instant::now());
+    std::thread::sleep(Duration::from_secs(5));
+    let rate = (fetches() - f0) / t0.elapsed().as_secs_f64();
+    assert!(rate < 50.0, "{rate:.0} fetch requests a second while caught up:\n{}", w.log_text());
+    // Records produced while the worker idles are taken.
+    produce(&addr, &names.input, &documents("idle-b", 5));
+    wait_until(Duration::from_secs(20), "kg records for the later documents", || distinct_keys(&addr, &names.kg) == 25);
+    wait_all_committed(&addr, &names, 10);
+    let (200, body) = http_get(port, "/metrics").expect("metrics") else { panic!("metrics") };
+    let pauses = common::metric_value(&body, "clinstream_kafka_idle_pauses_total").expect("idle pauses exported");
+    w.sigterm();
+    assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
+    assert_all_committed(&addr, &names);
+    // Idle pauses happen only against a broker seen answering empty fetches at once, and that is logged.
+    let log = w.log_text();
+    assert_eq!(pauses > 0.0, log.contains("answers empty fetches at once"), "idle pauses {pauses}:\n{log}");
+    assert!(!log.contains("PartitionEOF"), "the end of a partition is not an error:\n{log}");
+}
+
 #[test]
 fn poison_messages_go_to_the_dead_letter_topic() {
     let Some(addr) = shared_broker() else { return };

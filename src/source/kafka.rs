@@ -6,6 +6,13 @@
 //!   held records reach sixteen times `pipeline.in_flight`, at least 1,024) it pauses the assigned partitions, and
 //!   resumes them when half of what waited at the pause is left.
 //!   Polling never stops, so the worker stays in the group (`max.poll.interval.ms`).
+//! * Idle backoff: Apache Kafka holds a fetch with nothing to return for `fetch.wait.max.ms`; a broker seen in
+//!   librdkafka's statistics answering empty fetches at once (more than `EAGER_EMPTY_FETCHES` a second per broker;
+//!   the test broker answers thousands) would be asked without pause while the worker is caught up. Against such
+//!   a broker, once every assigned partition has reported its end (`enable.partition.eof`) with no record since,
+//!   the partitions are paused for `kafka.idle_backoff_ms` and then resumed; librdkafka's broker thread notices a
+//!   resume within a second, so a caught-up worker asks about once a second. A broker that holds empty fetches
+//!   never gets this pause.
 //! * Revocation: before partitions are released, the rebalance callback (on this thread) hands over what it
 //!   holds, sends `Intake::Revoking` behind it and waits — at most `kafka.drain_timeout_ms` — while the runner
 //!   finishes every in-flight document and commits. Only then does librdkafka release the partitions, so the
@@ -13,7 +20,7 @@
 //! * Offsets are never stored by librdkafka itself (`enable.auto.offset.store=false`, `enable.auto.commit=false`):
 //!   the runner stores and commits per-partition watermarks of finished documents.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -105,13 +112,59 @@ pub struct IntakeContext {
     /// Set before the consumer is closed: the final revocation needs no drain.
     closing: AtomicBool,
     paused: AtomicBool,
+    /// librdkafka's cumulative fetch requests and consumed messages at the last statistics, with their time.
+    fetch_counts: Mutex<Option<FetchCounts>>,
+    /// Set once the broker is seen answering empty fetches at once: the poll thread then backs off while idle.
+    eager_broker: AtomicBool,
+    /// Set by the rebalance callback: the idle backoff forgets which partitions were at their end.
+    assignment_changed: AtomicBool,
+    created: Instant,
     /// Assigned partitions and the offsets this process committed (the ack core's shared half): the runner
     /// commits only assigned partitions, and the committed offsets with librdkafka's end offsets give the lag.
     ledger: Arc<Ledger>,
     topic_names: Mutex<Vec<Arc<str>>>,
 }
 
+/// Empty fetches a second (per broker asked) above which a broker is taken not to hold empty fetches: Apache Kafka
+/// answers at most `1000 / fetch.wait.max.ms` of them (2 at the default 500 ms); the test broker about 2,000.
+const EAGER_EMPTY_FETCHES: f64 = 50.0;
+#[derive(Clone, Copy)]
+struct FetchCounts {
+    ts_us: i64,
+    fetches: i64,
+    messages: i64,
+}
+
 impl IntakeContext {
+    /// Reads fetch requests and consumed messages from librdkafka's statistics: counts the requests, and marks the
+    /// broker eager when it answers empty fetches at once.
+    fn watch_fetches(&self, statistics: &Statistics) {
+        let per_broker: Vec<i64> =
+            statistics.brokers.values().map(|b| b.req.get("Fetch").copied().unwrap_or(0)).collect();
+        let now = FetchCounts { ts_us: statistics.ts, fetches: per_broker.iter().sum(), messages: statistics.rxmsgs };
+        let mut last = self.fetch_counts.lock().unwrap_or_else(|p| p.into_inner());
+        // The first statistics count from the consumer's creation.
+        let since_created = self.created.elapsed().as_micros() as i64;
+        let before = last.unwrap_or(FetchCounts { ts_us: now.ts_us - since_created, fetches: 0, messages: 0 });
+        *last = Some(now);
+        let fetches = (now.fetches - before.fetches).max(0);
+        metrics().fetch_requests.inc_by(fetches as u64);
+        let seconds = (now.ts_us - before.ts_us) as f64 / 1e6;
+        let brokers = per_broker.iter().filter(|f| **f > 0).count().max(1) as f64;
+        // A fetch that returned records returned at least one: the rest were empty.
+        let empty = (fetches - (now.messages - before.messages).max(0)).max(0) as f64;
+        if seconds > 0.0
+            && empty / seconds / brokers > EAGER_EMPTY_FETCHES
+            && !self.eager_broker.swap(true, Ordering::SeqCst)
+        {
+            info!(
+                empty_fetches_per_second = (empty / seconds / brokers).round() as u64,
+                "The broker answers empty fetches at once (it does not wait fetch.wait.max.ms); intake backs off \
+                 while idle (kafka.idle_backoff_ms)."
+            );
+        }
+    }
+
     fn topic(&self, name: &str) -> Arc<str> {
         let mut names = self.topic_names.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = names.iter().find(|t| &***t == name) {
@@ -182,11 +235,16 @@ impl IntakeContext {
 
 impl ClientContext for IntakeContext {
     fn error(&self, error: KafkaError, reason: &str) {
+        // The end of a partition (enable.partition.eof, for the idle backoff) comes as an error event too.
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
+            return;
+        }
         // librdkafka's reasons name brokers and codes, never record contents.
         warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %error, reason, "Kafka consumer error.");
     }
 
     fn stats(&self, statistics: Statistics) {
+        self.watch_fetches(&statistics);
         // Lag per assigned partition: the end a read_committed consumer can reach (the last stable offset, or the
         // high watermark when the broker reports none) minus the committed watermark — ours when this process has
         // committed (transactional commits never reach librdkafka's own offset bookkeeping), else the group's
@@ -245,6 +303,7 @@ impl ConsumerContext for IntakeContext {
                 metrics().rebalances.with_label_values(&["assign"]).inc();
                 metrics().assigned.set(self.ledger.assign(&partitions) as i64);
                 info!(partitions = partitions.len(), "Partitions assigned.");
+                self.assignment_changed.store(true, Ordering::SeqCst);
                 if self.paused.load(Ordering::SeqCst) && tpl.count() > 0 {
                     let _ = consumer.pause(tpl);
                 }
@@ -329,7 +388,9 @@ pub fn start(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
-        .set("statistics.interval.ms", "5000");
+        .set("statistics.interval.ms", "5000")
+        // The idle backoff pauses once every assigned partition has reported its end.
+        .set("enable.partition.eof", if k.idle_backoff_ms > 0 { "true" } else { "false" });
     if !k.group_instance_id.is_empty() {
         config.set("group.instance.id", &k.group_instance_id);
     }
@@ -347,6 +408,10 @@ pub fn start(
         drain_timeout: Duration::from_millis(k.drain_timeout_ms),
         closing: AtomicBool::new(false),
         paused: AtomicBool::new(false),
+        fetch_counts: Mutex::new(None),
+        eager_broker: AtomicBool::new(false),
+        assignment_changed: AtomicBool::new(false),
+        created: Instant::now(),
         ledger: Arc::clone(ledger),
         topic_names: Mutex::new(Vec::new()),
     };
@@ -360,21 +425,29 @@ pub fn start(
         let consumer = Arc::clone(&consumer);
         let stop = Arc::clone(&stop);
         let pause_after = Duration::from_millis(k.pause_after_ms);
+        let idle_backoff = Duration::from_millis(k.idle_backoff_ms);
         std::thread::Builder::new()
             .name("clinstream-intake".into())
-            .spawn(move || poll_loop(&consumer, &stop, pause_after))
+            .spawn(move || poll_loop(&consumer, &stop, pause_after, idle_backoff))
             .map_err(|e| RunError::Config(format!("starting the intake thread: {e}")))?
     };
     Ok((IntakeHandle { consumer, stop, thread: Some(thread) }, rx))
 }
 
-fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration) {
+fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration, idle_backoff: Duration) {
     let ctx = consumer.context();
     // Since when records have been waiting for the runner without a break (its in-flight budget is full), and
     // how many waited when intake was paused.
     let mut waiting_since: Option<Instant> = None;
     let mut buffered_at_pause = 0usize;
     let mut last_error: Option<Instant> = None;
+    // Idle backoff (eager brokers only): the partitions (by number: librdkafka's end-of-partition event names no
+    // topic) that reached their end since they last brought a record or were resumed, and until when intake is
+    // paused because all of them did.
+    let mut at_end: HashSet<i32> = HashSet::new();
+    // Whether that set (or the broker's eagerness) changed since it was last checked against the assignment.
+    let mut recheck = true;
+    let mut idle_until: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
         let (held, buffered) = ctx.buffered();
         if buffered == 0 {
@@ -394,10 +467,47 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
             // fetch at once, without waiting `fetch.wait.max.ms`, is otherwise asked thousands of times a second).
             set_paused(consumer, false);
             waiting_since = (buffered > 0).then(Instant::now);
+            idle_until = None;
+            at_end.clear();
+            recheck = true;
         }
-        match consumer.poll(Duration::from_millis(100)) {
+        let paused = ctx.paused.load(Ordering::SeqCst);
+        if ctx.assignment_changed.swap(false, Ordering::SeqCst) {
+            at_end.clear();
+            recheck = true;
+        }
+        let now = Instant::now();
+        match idle_until {
+            // Paused for the budget meanwhile: that pause ends the idle one (and its resume fetches again).
+            Some(_) if paused => idle_until = None,
+            // A resume starts a new fetch version: every partition reports its end again.
+            Some(until) if now >= until && pause_assignment(consumer, false) => {
+                idle_until = None;
+                at_end.clear();
+                recheck = true;
+            }
+            _ => {}
+        }
+        // Every assigned partition at its end (checked when that may have changed): pause until `idle_until`.
+        let eager = !idle_backoff.is_zero() && ctx.eager_broker.load(Ordering::SeqCst);
+        if eager
+            && idle_until.is_none()
+            && !paused
+            && std::mem::take(&mut recheck)
+            && all_at_end(consumer, &at_end)
+            && pause_assignment(consumer, true)
+        {
+            idle_until = Some(now + idle_backoff);
+            metrics().idle_pauses.inc();
+        }
+        let timeout = match idle_until {
+            Some(until) => until.saturating_duration_since(now).min(Duration::from_millis(100)),
+            None => Duration::from_millis(100),
+        };
+        match consumer.poll(timeout) {
             None => {}
             Some(Ok(message)) => {
+                recheck |= at_end.remove(&message.partition());
                 let message = Arc::new(message.detach());
                 let topic = ctx.topic(message.topic());
                 let (partition, offset) = (message.partition(), message.offset());
@@ -426,6 +536,9 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
                     ctx.push(Intake::Record(record(Some(BundleEntry { index, payload, last: seen == documents }))));
                 }
             }
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                recheck |= at_end.insert(partition);
+            }
             Some(Err(e)) if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(5)) => {
                 warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %e, "Kafka poll error.");
                 last_error = Some(Instant::now());
@@ -436,20 +549,33 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
     debug!("Intake stopped.");
 }
 
-fn set_paused(consumer: &IntakeConsumer, pause: bool) {
-    let ctx = consumer.context();
-    let Ok(assignment) = consumer.assignment() else { return };
+/// Whether every assigned partition (by number) has reached its end.
+fn all_at_end(consumer: &IntakeConsumer, at_end: &HashSet<i32>) -> bool {
+    let Ok(assignment) = consumer.assignment() else { return false };
+    let elements = assignment.elements();
+    !elements.is_empty() && elements.iter().all(|e| at_end.contains(&e.partition()))
+}
+
+/// Pauses or resumes every assigned partition; false when librdkafka refused.
+fn pause_assignment(consumer: &IntakeConsumer, pause: bool) -> bool {
+    let Ok(assignment) = consumer.assignment() else { return false };
     let result = if pause { consumer.pause(&assignment) } else { consumer.resume(&assignment) };
-    match result {
-        Ok(()) => {
-            ctx.paused.store(pause, Ordering::SeqCst);
-            metrics().paused.set(i64::from(pause));
-            if pause {
-                info!(partitions = assignment.count(), "In-flight budget exhausted; pausing intake.");
-            } else {
-                info!("Resuming intake.");
-            }
-        }
-        Err(e) => warn!(error = %e, "Could not pause/resume partitions."),
+    if let Err(e) = &result {
+        warn!(error = %e, "Could not pause/resume partitions.");
+    }
+    result.is_ok()
+}
+
+/// The budget's pause (`clinstream_kafka_paused`), which a rebalance keeps on newly assigned partitions.
+fn set_paused(consumer: &IntakeConsumer, pause: bool) {
+    if !pause_assignment(consumer, pause) {
+        return;
+    }
+    consumer.context().paused.store(pause, Ordering::SeqCst);
+    metrics().paused.set(i64::from(pause));
+    if pause {
+        info!("In-flight budget exhausted; pausing intake.");
+    } else {
+        info!("Resuming intake.");
     }
 }

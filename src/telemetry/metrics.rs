@@ -31,6 +31,8 @@ pub const NAMES: &[&str] = &[
     KAFKA_COMMITS,
     KAFKA_RETRIES,
     KAFKA_PAUSED,
+    KAFKA_FETCH_REQUESTS,
+    KAFKA_IDLE_PAUSES,
     KAFKA_REBALANCES,
     KAFKA_ASSIGNED,
     CONSUMER_LAG,
@@ -73,6 +75,8 @@ pub const KAFKA_RECORDS_PRODUCED: &str = "clinstream_kafka_records_produced_tota
 pub const KAFKA_COMMITS: &str = "clinstream_kafka_commits_total";
 pub const KAFKA_RETRIES: &str = "clinstream_kafka_retries_total";
 pub const KAFKA_PAUSED: &str = "clinstream_kafka_paused";
+pub const KAFKA_FETCH_REQUESTS: &str = "clinstream_kafka_fetch_requests_total";
+pub const KAFKA_IDLE_PAUSES: &str = "clinstream_kafka_idle_pauses_total";
 pub const KAFKA_REBALANCES: &str = "clinstream_kafka_rebalances_total";
 pub const KAFKA_ASSIGNED: &str = "clinstream_kafka_assigned_partitions";
 pub const CONSUMER_LAG: &str = "clinstream_consumer_lag_messages";
@@ -114,6 +118,10 @@ pub struct Metrics {
     pub retries: IntCounterVec,
     /// 1 while the assigned partitions are paused because the in-flight budget is exhausted.
     pub paused: IntGauge,
+    /// Fetch requests the input consumer sent (from librdkafka's statistics, every 5 s).
+    pub fetch_requests: IntCounter,
+    /// Idle pauses against a broker that answers empty fetches at once (`kafka.idle_backoff_ms`).
+    pub idle_pauses: IntCounter,
     /// `kind`: assign | revoke.
     pub rebalances: IntCounterVec,
     pub assigned: IntGauge,
@@ -245,6 +253,22 @@ impl Metrics {
                 &r,
                 IntGauge::new(KAFKA_PAUSED, "1 while intake is paused because the in-flight budget is exhausted.")
                     .unwrap(),
+            ),
+            fetch_requests: register(
+                &r,
+                IntCounter::new(
+                    KAFKA_FETCH_REQUESTS,
+                    "Fetch requests sent by the input consumer (librdkafka statistics).",
+                )
+                .unwrap(),
+            ),
+            idle_pauses: register(
+                &r,
+                IntCounter::new(
+                    KAFKA_IDLE_PAUSES,
+                    "Pauses of a caught-up intake against a broker that answers empty fetches at once.",
+                )
+                .unwrap(),
             ),
             rebalances: register(
                 &r,
