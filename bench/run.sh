@@ -151,7 +151,12 @@ result = {
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
     },
 }
+# A second run on one day gets its own file (-2, -3, ...): a recorded run is never overwritten.
 path = f"bench/results/{result['date']}.json"
+n = 2
+while os.path.exists(path):
+    path = f"bench/results/{result['date']}-{n}.json"
+    n += 1
 json.dump(result, open(path, "w"), indent=2)
 print(f"machine: {cpu}, {os.cpu_count()} cores; notes: {c['notes']} ({c['bytes']/1e6:.1f} MB)")
 print(f"{'stage':<12}{'notes/s':>10}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}   (one thread)")
