@@ -12,7 +12,10 @@ must stay flat.
 
 Reports the first sample after warm-up (the first minute), the last, the peak, and the least-squares slope of RSS
 over the samples after warm-up (MB per minute): flat means the slope is near zero. Standard library only."""
-import base64, csv, json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import base64, csv, json, os, shutil, socket, subprocess, sys, tempfile, threading, time, urllib.request
+
+# Work directories to remove at exit.
+WORK = []
 
 csv.field_size_limit(1 << 30)
 
@@ -37,6 +40,7 @@ def main():
     with open(path, newline="", encoding="utf-8") as f:
         texts = [r["transcription"] for r in csv.DictReader(f) if r.get("transcription", "").strip()]
     work = tempfile.mkdtemp(prefix="clinstream-rss-")
+    WORK.append(work)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -110,4 +114,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        # The worker's outputs of a 300-s text-only run reach ~20 GB: never leave them behind.
+        for d in WORK:
+            shutil.rmtree(d, ignore_errors=True)
