@@ -9,11 +9,12 @@
 # model/ (all-MiniLM-L6-v2 as `make model` writes it: model.onnx, model.fp16.onnx, tokenizer.json, config.json,
 # sentence_bert_config.json), noida-db (the test broker; `make tools`), mtsamples.csv, and for E2E_STORE=server a
 # Qdrant server binary `qdrant`.
-# STEPS (default all) picks: fail check sweep e2e.  Writes JSON lines and logs to OUT (default DIR/out).
+# STEPS (default all) picks: fail check sweep store e2e.  Writes JSON lines and logs to OUT (default DIR/out).
+# E2E_STORE=server starts DIR/qdrant for the store and e2e steps (CLINSTREAM__STORE__SHARDS etc. pass through).
 set -euo pipefail
 G=$(cd "$1" && pwd)
 OUT=${2:-$G/out}
-STEPS=${STEPS:-fail check sweep e2e}
+STEPS=${STEPS:-fail check sweep store e2e}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,19 @@ nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,nohead
 SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 mark() { echo "$(date -u +%Y/%m/%d\ %H:%M:%S.000), mark, $1" >> "$OUT/smi.csv"; echo "== $1 $(date -u +%T)" >&2; }
+
+# A Qdrant server on this host for E2E_STORE=server (DIR/qdrant), once.
+QURL=
+if [ "${E2E_STORE:-embedded}" = server ]; then
+  QD=$(mktemp -d); QPORT=$((16000 + RANDOM % 4000))
+  QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$((QPORT + 1)) QDRANT__SERVICE__GRPC_PORT=$QPORT \
+    QDRANT__STORAGE__STORAGE_PATH=$QD/storage QDRANT__STORAGE__SNAPSHOTS_PATH=$QD/snapshots \
+    QDRANT__TELEMETRY_DISABLED=true QDRANT__LOG_LEVEL=WARN "$G/qdrant" > "$OUT/qdrant.log" 2>&1 &
+  QPID=$!
+  trap 'kill $SMI $QPID 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$QPORT) 2>/dev/null && break; sleep 0.1; done
+  QURL=http://127.0.0.1:$QPORT
+fi
 
 for step in $STEPS; do case $step in
 fail)
@@ -67,19 +81,23 @@ for l in sys.stdin: d=json.loads(l); d["model_file"]=sys.argv[1]; print(json.dum
       | tee -a "$OUT/results.jsonl"
   done
   ;;
+store)
+  # The store's write bound without the model: MTSamples notes' points as the worker writes them (fixed chunks,
+  # placeholder vectors) through the store writer, ungrouped and grouped (store.group_points), as many at once as
+  # the worker's in-flight budget; embedded, and the server when started.
+  mark store
+  "$BIN" bench store --csv "$CSV" --docs "${STORE_DOCS:-4966}" \
+    --concurrency "${CLINSTREAM__PIPELINE__IN_FLIGHT:-512}" --groups "${STORE_GROUPS:-0,2048}" --runs 1 ${QURL:+--url $QURL} \
+    | python3 -c 'import json,sys,os
+for r in json.load(sys.stdin): r["step"]="store"; r["shards"]=os.environ.get("CLINSTREAM__STORE__SHARDS","1"); print(json.dumps(r))' \
+    | tee -a "$OUT/results.jsonl"
+  ;;
 e2e)
   # One worker through the broker, every MTSamples note; the store embedded (default) or a Qdrant server started
   # here (E2E_STORE=server, DIR/qdrant); then the same without embedding (the text-only bound).
   # E2E_CHUNKING: seos (default) or fixed.
-  if [ "${E2E_STORE:-embedded}" = server ]; then
-    QD=$(mktemp -d); QPORT=$((16000 + RANDOM % 4000))
-    QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$((QPORT + 1)) QDRANT__SERVICE__GRPC_PORT=$QPORT \
-      QDRANT__STORAGE__STORAGE_PATH=$QD/storage QDRANT__STORAGE__SNAPSHOTS_PATH=$QD/snapshots \
-      QDRANT__TELEMETRY_DISABLED=true QDRANT__LOG_LEVEL=WARN "$G/qdrant" > "$OUT/qdrant.log" 2>&1 &
-    QPID=$!
-    trap 'kill $SMI $QPID 2>/dev/null || true' EXIT
-    for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$QPORT) 2>/dev/null && break; sleep 0.1; done
-    export CLINSTREAM__STORE__KIND=qdrant CLINSTREAM__STORE__URL=http://127.0.0.1:$QPORT
+  if [ -n "$QURL" ]; then
+    export CLINSTREAM__STORE__KIND=qdrant CLINSTREAM__STORE__URL=$QURL
   fi
   for mode in ${E2E_MODES:-model.fp16.onnx text-only}; do
     mark "e2e $mode"
@@ -87,7 +105,7 @@ e2e)
     env "${extra[@]}" CLINSTREAM__CHUNKING__STRATEGY="${E2E_CHUNKING:-seos}" CLINSTREAM__STORE__COLLECTION="e2e_$RANDOM" \
       NOIDA_DB="$G/noida-db" E2E_TIMEOUT="${E2E_TIMEOUT:-240}" \
       python3 bench/kafka_e2e.py "$BIN" "$CSV" "${E2E_NOTES:-4966}" 1 \
-      | python3 -c 'import json,sys,os; d=json.load(sys.stdin); d["mode"]=sys.argv[1]; d["store"]=os.environ.get("E2E_STORE","embedded"); d["chunking"]=os.environ.get("E2E_CHUNKING","seos"); d["in_flight"]=os.environ.get("CLINSTREAM__PIPELINE__IN_FLIGHT","64"); print(json.dumps(d))' "$mode" \
+      | python3 -c 'import json,sys,os; d=json.load(sys.stdin); d["mode"]=sys.argv[1]; d["store"]=os.environ.get("E2E_STORE","embedded"); d["chunking"]=os.environ.get("E2E_CHUNKING","seos"); d["in_flight"]=os.environ.get("CLINSTREAM__PIPELINE__IN_FLIGHT","64"); d["group_points"]=os.environ.get("CLINSTREAM__STORE__GROUP_POINTS","2048"); d["shards"]=os.environ.get("CLINSTREAM__STORE__SHARDS","1"); print(json.dumps(d))' "$mode" \
       | tee -a "$OUT/results.jsonl"
   done
   ;;

@@ -61,6 +61,35 @@ def cpu_seconds(pid):
         return 0.0
 
 
+def thread_ticks(pid):
+    """CPU ticks so far of each thread of a process, by thread id: (name, ticks)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            out[tid] = (name, int(fields[11]) + int(fields[12]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def busiest_threads(before, after, seconds, top=6):
+    """The threads that used the most CPU between two samples, as shares of one core over `seconds`: a share
+    near 1.0 is a serial step."""
+    used = []
+    for tid, (name, ticks) in after.items():
+        used.append((ticks - before.get(tid, (name, 0))[1], name))
+    used.sort(reverse=True)
+    tck = os.sysconf("SC_CLK_TCK")
+    return [{"thread": name, "core_share": round(t / tck / seconds, 2)} for t, name in used[:top] if t > 0]
+
+
 def chunking(env):
     """The chunking the workers run with: the environment's override, else config/default.toml's."""
     import tomllib
@@ -127,6 +156,7 @@ def run(bin_, events_path, n, workers, work):
         assigned = None
         in_flight = []
         cpu0 = {"broker": cpu_seconds(broker.pid), "workers": sum(cpu_seconds(p.pid) for p in procs)}
+        threads0 = thread_ticks(procs[0].pid)
         while True:
             bodies = [metrics(p) for p in ports]
             if sum(total(b, "clinstream_documents_finished_total{") for b in bodies) >= n:
@@ -140,6 +170,7 @@ def run(bin_, events_path, n, workers, work):
             check()
             time.sleep(0.1)
         finished = time.time()
+        threads1 = thread_ticks(procs[0].pid)
         commits = sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports)
         while sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports) <= commits:
             check()
@@ -154,6 +185,11 @@ def run(bin_, events_path, n, workers, work):
                 stages[k] = stages.get(k, 0.0) + v
         tokens = sum(total(b, "clinstream_embed_tokens_total ") for b in bodies)
         model_s = sum(total(b, "clinstream_embed_batch_duration_seconds_sum") for b in bodies)
+        upserted = sum(total(b, 'clinstream_qdrant_points_total{operation="upserted"}') for b in bodies)
+        groups = sum(total(b, "clinstream_qdrant_group_documents_count") for b in bodies)
+        group_docs = sum(total(b, "clinstream_qdrant_group_documents_sum") for b in bodies)
+        upsert_s = sum(total(b, "clinstream_qdrant_upsert_duration_seconds_sum") for b in bodies)
+        write_s = sum(total(b, "clinstream_qdrant_write_duration_seconds_sum") for b in bodies)
         batches = sum(total(b, "clinstream_embed_batch_duration_seconds_count") for b in bodies)
         # Per-document stage time; "index" contains "embed" and "qdrant", so it is not counted twice.
         shown = {k: v for k, v in stages.items() if k not in ("index",)}
@@ -170,6 +206,13 @@ def run(bin_, events_path, n, workers, work):
             "mean_in_flight": round(sum(in_flight) / len(in_flight), 1) if in_flight else None,
             # Time the model threads spent in batches (summed over workers) and the batches run.
             "model_seconds": round(model_s, 2), "batches": int(batches),
+            # Store writes: points per note, documents per grouped write (store.group_points), the time inside
+            # upsert requests and inside the writer's grouped writes (one writer per store: a write time close to the
+            # run's length means the store is the serial step).
+            "points_per_note": round(upserted / n, 1), "mean_group_documents": round(group_docs / groups, 1) if groups else None,
+            "upsert_seconds": round(upsert_s, 2), "store_write_seconds": round(write_s, 2),
+            # The first worker's busiest threads while the notes ran (share of one core each).
+            "busiest_threads": busiest_threads(threads0, threads1, finished - start),
             "build_info": sorted({l for b in bodies for l in b.splitlines() if l.startswith("clinstream_build_info{")}),
         }
     finally:

@@ -209,6 +209,11 @@ pub struct StoreSettings {
     pub on_disk: bool,
     /// Points per upsert request.
     pub upsert_batch: usize,
+    /// Group commit: the most points the store writer applies as one group (one upsert of the group's points in
+    /// requests of `upsert_batch`, one delete of its documents' older versions); 0 = every document alone.
+    pub group_points: usize,
+    /// Groups applied at once at most (a server applies them in parallel up to its shards and update threads).
+    pub group_concurrency: usize,
     pub timeout_ms: u64,
     /// Transient store failures are retried with capped backoff for this long, then the worker halts.
     pub halt_after_ms: u64,
@@ -758,6 +763,12 @@ impl Settings {
         }
         if !(1..=4096).contains(&st.upsert_batch) {
             problems.push("store.upsert_batch: must be between 1 and 4096".to_string());
+        }
+        if !(1..=64).contains(&st.group_concurrency) {
+            problems.push("store.group_concurrency: must be between 1 and 64".to_string());
+        }
+        if st.group_points > 1_000_000 {
+            problems.push("store.group_points: must be at most 1000000 (0 = no grouping)".to_string());
         }
         if !(st.bm25_avg_len.is_finite() && st.bm25_avg_len > 0.0) {
             problems.push("store.bm25_avg_len: must be a positive number".to_string());

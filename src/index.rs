@@ -11,7 +11,8 @@
 //! tokens). docs/embedding.md has the agreement and retrieval figures of each.
 //!
 //! Versions: the new version's points are written first, then every other version's points are removed, so a
-//! search always finds one version. `entered-in-error` removes all of the document's points and writes none;
+//! search always finds one version. Both go through the store's writer (`store::Writer`), which applies the
+//! writes of the documents waiting at the same time as one group. `entered-in-error` removes all of the document's points and writes none;
 //! `relatesTo.replaces` removes the replaced documents' points.
 //!
 //! Failures: transient store errors are retried with capped backoff (honouring `retry-after`) for
@@ -40,6 +41,8 @@ use crate::telemetry::metrics::metrics;
 pub struct Indexer {
     chunker: Chunker,
     store: Arc<Store>,
+    /// The documents' writes, grouped (`store::Writer`).
+    writer: store::Writer,
     halt_after: Duration,
 }
 
@@ -213,6 +216,30 @@ impl Chunker {
         &self.embedder
     }
 
+    /// A document version's points as the indexer writes them — payloads, BM25 vectors, entity windows — but with
+    /// fixed-size chunks and placeholder unit vectors instead of the model's: the store's own cost with real
+    /// payloads (`bench store --csv`).
+    pub fn points_unembedded(&self, doc: &Document, version: &str) -> Vec<Point> {
+        let units = self.cpu.units(doc);
+        let fixed = ChunkParams { strategy: ChunkStrategy::Fixed, ..self.cpu.params };
+        let chunks = self.cpu.plan_with(doc, &units, &[], &fixed);
+        let dim = self.embedder.info().dim;
+        let vectors = chunks
+            .iter()
+            .map(|c| {
+                let mut v = vec![0.0f32; dim];
+                v[c.start % dim] = 0.6;
+                v[(c.end * 7) % dim] += 0.8;
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                v.iter_mut().for_each(|x| *x /= norm);
+                v
+            })
+            .collect();
+        let mut points = self.cpu.points(doc, &chunks, vectors, version);
+        points.extend(self.cpu.window_points(doc, version));
+        points
+    }
+
     /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
     pub fn units(&self, doc: &Document) -> Vec<Unit> {
         self.cpu.units(doc)
@@ -316,8 +343,9 @@ impl Indexer {
         let embedder = Embedder::start_async(&settings.embed).await?;
         let dim = embedder.info().dim;
         let chunker = Chunker::new(settings, embedder, compiled)?;
-        let store = open_store(settings, dim).await?;
-        Ok(Indexer { chunker, store: Arc::new(store), halt_after: Duration::from_millis(settings.store.halt_after_ms) })
+        let store = Arc::new(open_store(settings, dim).await?);
+        let writer = store::Writer::start(store.clone(), settings.store.group_points, settings.store.group_concurrency);
+        Ok(Indexer { chunker, store, writer, halt_after: Duration::from_millis(settings.store.halt_after_ms) })
     }
 
     pub fn embedder(&self) -> &Embedder {
@@ -343,8 +371,7 @@ impl Indexer {
         let clock = Instant::now();
         let Chunked { chunks, vectors, .. } = self.chunker.chunk(doc).await?;
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
-        let version = note.version.clone().unwrap_or_default();
-        let v = version.clone();
+        let v = note.version.clone().unwrap_or_default();
         let (points, n) = self
             .chunker
             .on_cpu(doc, move |cpu, d| {
@@ -355,11 +382,9 @@ impl Indexer {
             })
             .await?;
         let clock = Instant::now();
-        if !points.is_empty() {
-            self.retrying(|| self.store.upsert(points.clone())).await?;
-        }
-        // Then the older versions, and any documents this one replaces.
-        self.retrying(|| self.store.delete_document(&note.doc_id, Some(&version))).await?;
+        // The points, then the document's other points (older versions), grouped with other documents' writes;
+        // then any documents this one replaces.
+        self.retrying(|| self.writer.write(&note.doc_id, points.clone())).await?;
         for replaced in note.replaces() {
             self.retrying(|| self.store.delete_document(replaced, None)).await?;
         }
@@ -414,7 +439,11 @@ impl Cpu {
 
     /// Chunks from the planner's plan over `units` and the SEOS shifts.
     fn plan(&self, doc: &Document, units: &[Unit], shifts: &[f32]) -> Vec<Chunk> {
-        let planned = chunk::plan(units, shifts, &self.params);
+        self.plan_with(doc, units, shifts, &self.params)
+    }
+
+    fn plan_with(&self, doc: &Document, units: &[Unit], shifts: &[f32], params: &ChunkParams) -> Vec<Chunk> {
+        let planned = chunk::plan(units, shifts, params);
         planned
             .iter()
             .enumerate()

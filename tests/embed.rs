@@ -1036,3 +1036,102 @@ async fn eval_qa_on_a_small_record_set() {
     }
     assert_eq!(again.strategies[2].evidence_recall, 1.0, "dense over index chunks: {:?}", again.strategies[2]);
 }
+
+/// Writes through the store writer as the indexer makes them, many documents at once: grouped on a server (small
+/// groups, several at once), one document at a time on the embedded store. Whatever the grouping, each document
+/// ends with exactly its last write's points — older versions gone, a rewrite with fewer chunks leaves none behind,
+/// and two writes of one document apply in the order they were asked.
+async fn grouped_writes_keep_exactly_each_documents_last_points(s: Settings, expect_groups: bool) {
+    use clinstream::store::{Filters, Point, Record, Writer, point_id, window_id};
+    let store = Arc::new(Store::open(&s.store, 384).await.unwrap());
+    let writer = Writer::start(store.clone(), 24, 4);
+    let doc_points = |doc: usize, version: &str, chunks: usize| -> Vec<Point> {
+        let doc_id = format!("w{doc}");
+        let payload = |record: &str| {
+            serde_json::json!({"doc_id": doc_id, "doc_version": version, "patient": format!("Patient/w{doc}"),
+                               "record": record})
+            .as_object()
+            .unwrap()
+            .clone()
+        };
+        let mut points: Vec<Point> = (0..chunks)
+            .map(|i| Point {
+                id: point_id(&doc_id, version, i),
+                dense: (0..384).map(|d| ((d + doc * 7 + i) % 11) as f32 - 5.0).collect(),
+                sparse: Default::default(),
+                payload: payload("chunk"),
+            })
+            .collect();
+        points.push(Point {
+            id: window_id(&doc_id, version, 0),
+            dense: Vec::new(),
+            sparse: Default::default(),
+            payload: payload("window"),
+        });
+        points
+    };
+    let m = clinstream::telemetry::metrics::metrics();
+    let (groups0, grouped0) = (m.store_group_documents.get_sample_count(), m.store_group_documents.get_sample_sum());
+    let docs = 40;
+    // Version 1 of every document, all at once.
+    let mut tasks = Vec::new();
+    for d in 0..docs {
+        let (w, p) = (writer.clone(), doc_points(d, "1", 3));
+        tasks.push(tokio::spawn(async move { w.write(&format!("w{d}"), p).await }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    // Then, all at once: even documents get version 2 with two chunks; document 1 is rewritten as version 1 with
+    // one chunk; document 3 gets versions 2 then 3 from one task (in that order).
+    let mut tasks = Vec::new();
+    for d in (0..docs).step_by(2) {
+        let (w, p) = (writer.clone(), doc_points(d, "2", 2));
+        tasks.push(tokio::spawn(async move { w.write(&format!("w{d}"), p).await }));
+    }
+    let (w, p) = (writer.clone(), doc_points(1, "1", 1));
+    tasks.push(tokio::spawn(async move { w.write("w1", p).await }));
+    let w = writer.clone();
+    let (p2, p3) = (doc_points(3, "2", 4), doc_points(3, "3", 2));
+    tasks.push(tokio::spawn(async move {
+        w.write("w3", p2).await?;
+        w.write("w3", p3).await
+    }));
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    for d in 0..docs {
+        let (version, chunks) = match d {
+            1 => ("1", 1),
+            3 => ("3", 2),
+            d if d % 2 == 0 => ("2", 2),
+            _ => ("1", 3),
+        };
+        let f = Filters { patient: Some(format!("Patient/w{d}")), ..Default::default() };
+        assert_eq!(store.count_where(&f, Record::Chunks).await.unwrap(), chunks, "chunks of w{d}");
+        assert_eq!(store.count_where(&f, Record::Windows).await.unwrap(), 1, "windows of w{d}");
+        let ids: Vec<String> = (0..chunks).map(|i| point_id(&format!("w{d}"), version, i).to_string()).collect();
+        assert_eq!(store.chunks(&ids).await.unwrap().len(), chunks, "w{d} holds its last version's chunks");
+    }
+    assert_eq!(store.count().await.unwrap(), 20 * 2 + 20 * 3 - 3 + 1 - 3 + 2);
+    let (groups, grouped) =
+        (m.store_group_documents.get_sample_count() - groups0, m.store_group_documents.get_sample_sum() - grouped0);
+    if expect_groups {
+        assert!(groups > 0 && grouped / groups as f64 > 1.0, "documents were written in groups: {grouped} in {groups}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_grouped_writes_keep_exactly_each_documents_last_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    grouped_writes_keep_exactly_each_documents_last_points(s, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_writes_keep_exactly_each_documents_last_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    grouped_writes_keep_exactly_each_documents_last_points(s, false).await;
+}

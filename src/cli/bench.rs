@@ -796,3 +796,199 @@ pub fn growth(
         clear_within_budget: within,
     })
 }
+
+/// One setting of `bench store`.
+#[derive(Debug, Serialize)]
+pub struct StoreRun {
+    pub store: &'static str,
+    /// Points per document (chunks and windows), and chunk points per document.
+    pub points_per_doc: f64,
+    pub chunks_per_doc: f64,
+    /// `store.group_points` (0 = every document written alone).
+    pub group_points: usize,
+    pub docs: usize,
+    pub seconds: f64,
+    pub docs_per_s: f64,
+    /// Mean documents per group write.
+    pub mean_group_documents: f64,
+    /// docs/s over the same store's run with `group_points = 0` in this invocation.
+    pub ratio_to_ungrouped: Option<f64>,
+}
+
+/// Writes through `store::Writer` as the indexer does: `docs` documents, `concurrency` at once (the in-flight
+/// budget), each with `chunks` points carrying a dense (random unit, the model's width) and a sparse vector and
+/// `windows` vector-less window points, payloads shaped like the worker's (ids, record, ~800 characters of text).
+/// Each `group_points` setting gets a fresh store: an embedded one in a temporary directory, and with `url` also
+/// a new collection on that Qdrant server (dropped afterwards). Checks the point count after each run.
+#[allow(clippy::too_many_arguments)]
+pub fn store(
+    settings: &crate::config::Settings,
+    real: Option<(&Pipeline, &[Vec<u8>])>,
+    docs: usize,
+    chunks: usize,
+    windows: usize,
+    concurrency: usize,
+    groups: &[usize],
+    url: Option<&str>,
+    runs: usize,
+) -> anyhow::Result<Vec<StoreRun>> {
+    use std::sync::Arc;
+
+    use crate::store::{Point, Sparse, Store, Writer, point_id, window_id};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let dim = 384;
+    let text = "x".repeat(800);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let mut documents: Vec<(String, Vec<Point>)> = Vec::with_capacity(docs);
+    if let Some((pipeline, events)) = real {
+        // Real notes: the worker's payloads and windows, fixed chunks, placeholder vectors (no model run).
+        let mut embed = settings.embed.clone();
+        embed.execution_provider = "cpu".into();
+        let embedder = crate::embed::Embedder::start(&embed)?;
+        let chunker = crate::index::Chunker::new(settings, embedder, pipeline.compiled())?;
+        for event in events.iter().cycle().take(docs) {
+            let Ok(doc) = pipeline.process(event) else { continue };
+            let n = documents.len();
+            let doc_id = format!("{}-{n}", doc.note.doc_id);
+            let mut points = chunker.points_unembedded(&doc, "1");
+            for (i, p) in points.iter_mut().enumerate() {
+                p.id = point_id(&doc_id, "1", i);
+                p.payload.insert("doc_id".into(), doc_id.clone().into());
+            }
+            documents.push((doc_id, points));
+        }
+    }
+    for d in 0..if real.is_some() { 0 } else { docs } {
+        let doc_id = format!("bench-{d}");
+        let payload = |record: &str| {
+            let mut m = serde_json::Map::new();
+            m.insert("doc_id".into(), doc_id.clone().into());
+            m.insert("doc_version".into(), "1".into());
+            m.insert("patient".into(), format!("Patient/{}", d % 97).into());
+            m.insert("record".into(), record.into());
+            m.insert("text".into(), text.clone().into());
+            m
+        };
+        let mut points = Vec::with_capacity(chunks + windows);
+        for i in 0..chunks {
+            let mut dense: Vec<f32> = (0..dim).map(|_| next()).collect();
+            let norm = dense.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+            dense.iter_mut().for_each(|x| *x /= norm);
+            let indices: Vec<u32> = (0..30).map(|k| (d * 31 + i * 7 + k * 13) as u32 % 30_000).collect();
+            let mut indices = indices;
+            indices.sort_unstable();
+            indices.dedup();
+            let values = indices.iter().map(|_| 1.0).collect();
+            points.push(Point {
+                id: point_id(&doc_id, "1", i),
+                dense,
+                sparse: Sparse { indices, values },
+                payload: payload("chunk"),
+            });
+        }
+        for i in 0..windows {
+            points.push(Point {
+                id: window_id(&doc_id, "1", i),
+                dense: Vec::new(),
+                sparse: Sparse::default(),
+                payload: payload("window"),
+            });
+        }
+        documents.push((doc_id, points));
+    }
+    let docs = documents.len();
+    let chunk_points: usize = documents.iter().map(|(_, p)| p.iter().filter(|p| !p.dense.is_empty()).count()).sum();
+    let all_points: usize = documents.iter().map(|(_, p)| p.len()).sum();
+    tracing::info!(docs, chunk_points, all_points, "bench store: documents ready");
+    let documents = Arc::new(documents);
+    let mut kinds: Vec<(&'static str, crate::config::StoreSettings)> = Vec::new();
+    let mut embedded = settings.store.clone();
+    embedded.kind = "embedded".into();
+    embedded.alias.clear();
+    kinds.push(("embedded", embedded));
+    if let Some(url) = url {
+        let mut server = settings.store.clone();
+        server.kind = "qdrant".into();
+        server.url = url.to_string();
+        server.alias.clear();
+        kinds.push(("qdrant", server));
+    }
+    let mut out: Vec<StoreRun> = Vec::new();
+    for run in 0..runs.max(1) {
+        for (kind, base) in &kinds {
+            for &group_points in groups {
+                let dir = std::env::temp_dir()
+                    .join(format!("clinstream-bench-store-{}-{run}-{group_points}", std::process::id()));
+                let mut s = base.clone();
+                s.path = dir.display().to_string();
+                s.collection = format!("clinstream-bench-store-{}-{run}-{group_points}", std::process::id());
+                let documents = documents.clone();
+                let result = rt.block_on(async {
+                    let store = Arc::new(Store::open(&s, dim).await?);
+                    let writer = Writer::start(store.clone(), group_points, s.group_concurrency);
+                    let groups0 = crate::telemetry::metrics::metrics().store_group_documents.get_sample_count();
+                    let limit = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+                    let clock = Instant::now();
+                    let mut tasks = Vec::with_capacity(docs);
+                    for d in 0..docs {
+                        let (writer, documents, limit) = (writer.clone(), documents.clone(), limit.clone());
+                        let permit = limit.acquire_owned().await?;
+                        tasks.push(tokio::spawn(async move {
+                            let (doc_id, points) = &documents[d];
+                            let r = writer.write(doc_id, points.clone()).await;
+                            drop(permit);
+                            r
+                        }));
+                    }
+                    for t in tasks {
+                        t.await??;
+                    }
+                    let seconds = clock.elapsed().as_secs_f64();
+                    let groups =
+                        crate::telemetry::metrics::metrics().store_group_documents.get_sample_count() - groups0;
+                    let count = store.count().await?;
+                    if let Store::Server(server) = &*store {
+                        server.drop_collection().await?;
+                    }
+                    let mean_group = if groups == 0 { 1.0 } else { docs as f64 / groups as f64 };
+                    anyhow::Ok((seconds, count, mean_group))
+                });
+                let _ = std::fs::remove_dir_all(&dir);
+                let (seconds, count, mean_group) = result?;
+                anyhow::ensure!(count == chunk_points, "{kind} store holds {count} chunks, expected {chunk_points}");
+                out.push(StoreRun {
+                    store: kind,
+                    points_per_doc: all_points as f64 / docs as f64,
+                    chunks_per_doc: chunk_points as f64 / docs as f64,
+                    group_points,
+                    docs,
+                    seconds,
+                    docs_per_s: docs as f64 / seconds,
+                    mean_group_documents: mean_group,
+                    ratio_to_ungrouped: None,
+                });
+            }
+        }
+    }
+    // Best of the runs per setting, then the ratio to the ungrouped setting of the same store.
+    let mut best: Vec<StoreRun> = Vec::new();
+    for r in out {
+        match best.iter_mut().find(|b| b.store == r.store && b.group_points == r.group_points) {
+            Some(b) if b.docs_per_s >= r.docs_per_s => {}
+            Some(b) => *b = r,
+            None => best.push(r),
+        }
+    }
+    let base: Vec<(&'static str, f64)> =
+        best.iter().filter(|r| r.group_points == 0).map(|r| (r.store, r.docs_per_s)).collect();
+    for r in &mut best {
+        r.ratio_to_ungrouped = base.iter().find(|(k, _)| *k == r.store).map(|(_, v)| r.docs_per_s / v);
+    }
+    Ok(best)
+}

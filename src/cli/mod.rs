@@ -352,6 +352,38 @@ enum BenchCommand {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Store writes as the indexer makes them (`store::Writer`), grouped (`store.group_points`) and one document at
+    /// a time side by side: documents/s on a fresh embedded store per setting, and with `--url` on a Qdrant server
+    /// (a new collection, dropped afterwards); prints JSON with each setting's ratio to the ungrouped one.
+    Store {
+        /// Real notes (MTSamples: column `transcription`): the worker's own payloads, windows and BM25 vectors with
+        /// fixed chunks and placeholder dense vectors; without it, synthetic documents of `--chunks` + `--windows`.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        #[arg(long, default_value_t = 3000)]
+        docs: usize,
+        /// Chunk points per document (dense + sparse vectors).
+        #[arg(long, default_value_t = 12)]
+        chunks: usize,
+        /// Window points per document (no vectors).
+        #[arg(long, default_value_t = 24)]
+        windows: usize,
+        /// Documents writing at once (the worker's `pipeline.in_flight`).
+        #[arg(long, default_value_t = 256)]
+        concurrency: usize,
+        /// `store.group_points` settings to compare (0 = ungrouped).
+        #[arg(long, value_delimiter = ',', default_value = "0,2048")]
+        groups: Vec<usize>,
+        #[arg(long, env = "QDRANT_URL")]
+        url: Option<String>,
+        /// Alternating runs of every setting; the best of each is kept.
+        #[arg(long, default_value_t = 2)]
+        runs: usize,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Recall of int8 scalar quantization against exact search on a Qdrant server: stores the sentence groups of
     /// `--notes` notes in a new int8 collection, then compares the top `--top` of held-out queries under exact
     /// search, HNSW, and HNSW on int8 vectors with and without rescoring; prints JSON.
@@ -710,6 +742,19 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             // The stored notes, then enough further notes for the held-out queries.
             let events = bench::events(&csv, &column, Some(notes + 50)).context("reading the corpus")?;
             let r = bench::quantization(&settings, &pipeline, &events, notes, queries, top, &url)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            command: BenchCommand::Store { csv, column, docs, chunks, windows, concurrency, groups, url, runs, config },
+        } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let events = match &csv {
+                Some(csv) => bench::events(csv, &column, Some(docs)).context("reading the corpus")?,
+                None => Vec::new(),
+            };
+            let real = csv.is_some().then_some((&pipeline, events.as_slice()));
+            let r = bench::store(&settings, real, docs, chunks, windows, concurrency, &groups, url.as_deref(), runs)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

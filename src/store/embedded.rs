@@ -246,6 +246,26 @@ impl EmbeddedStore {
         result
     }
 
+    /// Removes the points of several documents other than `keep` with one update.
+    pub async fn delete_except(&self, doc_ids: &[&str], keep: &[uuid::Uuid]) -> Result<(), StoreError> {
+        let filter: Filter = serde_json::from_value(super::except_filter(doc_ids, keep))
+            .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
+        let n = doc_ids.len() as u64;
+        let result = self
+            .blocking(move |shard| {
+                shard
+                    .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
+                    .map_err(fatal("delete failed"))?;
+                metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(n);
+                Ok(())
+            })
+            .await;
+        if result.is_ok() {
+            self.note_updates(1);
+        }
+        result
+    }
+
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
         let filter = Some(filter_of(&q.filters, Record::Chunks)?);
         let candidates = (q.top * 4).max(20);

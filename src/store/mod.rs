@@ -10,6 +10,9 @@
 pub mod bm25;
 pub mod embedded;
 pub mod server;
+pub mod writer;
+
+pub use writer::Writer;
 
 use std::time::Duration;
 
@@ -276,6 +279,19 @@ impl Store {
         }
     }
 
+    /// Removes every point of these documents except `keep` (the points just written for them): one delete for
+    /// a whole group (the group writer's second step). For a document whose new version was just written this
+    /// is its other versions' points (and any chunks of the same version that the new plan no longer has).
+    pub async fn delete_except(&self, doc_ids: &[&str], keep: &[uuid::Uuid]) -> Result<(), StoreError> {
+        if doc_ids.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Store::Embedded(s) => s.delete_except(doc_ids, keep).await,
+            Store::Server(s) => s.delete_except(doc_ids, keep).await,
+        }
+    }
+
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
         match self {
             Store::Embedded(s) => s.search(q).await,
@@ -338,6 +354,15 @@ pub(crate) fn document_filter(doc_id: &str, keep_version: Option<&str>) -> Value
     f
 }
 
+/// Filter matching the points of these documents other than `keep`.
+pub(crate) fn except_filter(doc_ids: &[&str], keep: &[uuid::Uuid]) -> Value {
+    let keep: Vec<String> = keep.iter().map(|u| u.to_string()).collect();
+    serde_json::json!({
+        "must": [{"key": "doc_id", "match": {"any": doc_ids}}],
+        "must_not": [{"has_id": keep}],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,5 +402,14 @@ mod tests {
         // Both parse as the embedded engine's filter.
         let _: qdrant_edge::Filter = serde_json::from_value(chunks).unwrap();
         let _: qdrant_edge::Filter = serde_json::from_value(windows).unwrap();
+    }
+
+    #[test]
+    fn the_stale_points_of_several_documents_are_one_filter() {
+        let keep = [point_id("d1", "2", 0), point_id("d2", "", 0)];
+        let f = except_filter(&["d1", "d2"], &keep);
+        assert_eq!(f["must"][0]["match"]["any"], serde_json::json!(["d1", "d2"]));
+        assert_eq!(f["must_not"][0]["has_id"][1], keep[1].to_string());
+        let _: qdrant_edge::Filter = serde_json::from_value(f).unwrap();
     }
 }

@@ -303,6 +303,20 @@ impl ServerStore {
         Ok(())
     }
 
+    /// Removes the points of several documents other than `keep` with one request.
+    pub async fn delete_except(&self, doc_ids: &[&str], keep: &[uuid::Uuid]) -> Result<(), StoreError> {
+        let ids: Vec<String> = doc_ids.iter().map(|d| d.to_string()).collect();
+        let keep: Vec<qdrant_client::qdrant::PointId> = keep.iter().map(|u| u.to_string().into()).collect();
+        let mut filter = Filter::must([Condition::matches("doc_id", ids)]);
+        filter.must_not = vec![Condition::has_id(keep)];
+        self.client
+            .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
+            .await
+            .map_err(|e| classify("delete", e))?;
+        metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(doc_ids.len() as u64);
+        Ok(())
+    }
+
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
         let filter = Some(filter_of(&q.filters, Record::Chunks));
         let int8 = self.int8.then(|| {
@@ -396,6 +410,12 @@ impl ServerStore {
             )
             .await
             .map_err(|e| classify("update_collection", e))?;
+        Ok(())
+    }
+
+    /// Deletes the collection (benchmarks' own collections).
+    pub async fn drop_collection(&self) -> Result<(), StoreError> {
+        self.client.delete_collection(&self.collection).await.map_err(|e| classify("delete_collection", e))?;
         Ok(())
     }
 

@@ -47,6 +47,8 @@ pub const NAMES: &[&str] = &[
     STORE_RETRIES,
     CHUNKS_PER_DOCUMENT,
     STORE_MAINTENANCE_DURATION,
+    STORE_GROUP_DOCUMENTS,
+    STORE_WRITE_DURATION,
     API_REQUESTS,
     API_DURATION,
     FHIR_FETCHES,
@@ -91,6 +93,8 @@ pub const STORE_POINTS: &str = "clinstream_qdrant_points_total";
 pub const STORE_RETRIES: &str = "clinstream_qdrant_retries_total";
 pub const CHUNKS_PER_DOCUMENT: &str = "clinstream_chunks_per_document";
 pub const STORE_MAINTENANCE_DURATION: &str = "clinstream_qdrant_maintenance_duration_seconds";
+pub const STORE_GROUP_DOCUMENTS: &str = "clinstream_qdrant_group_documents";
+pub const STORE_WRITE_DURATION: &str = "clinstream_qdrant_write_duration_seconds";
 
 pub struct Metrics {
     registry: Registry,
@@ -147,6 +151,12 @@ pub struct Metrics {
     pub chunks_per_document: Histogram,
     /// Embedded store: one background flush + optimisation (`store.maintain_every`).
     pub store_maintenance_duration: Histogram,
+    /// Documents per grouped store write (`store::Writer`: one upsert of their points, one delete of their older
+    /// versions).
+    pub store_group_documents: Histogram,
+    /// Time of one grouped store write (upserts and the delete of older versions); its sum over a run's length is
+    /// how busy the one writer was.
+    pub store_write_duration: Histogram,
     /// `route`: context | search | other; `status`: the HTTP status code. Query-service requests answered.
     pub api_requests: IntCounterVec,
     /// `route`: context | search. Time from request to response, auth and queueing included.
@@ -361,6 +371,28 @@ impl Metrics {
                         "Embedded store: one background flush and optimisation (vacuum, merge, index).",
                     )
                     .buckets(vec![0.01, 0.05, 0.25, 1.0, 5.0, 25.0, 120.0]),
+                )
+                .unwrap(),
+            ),
+            store_group_documents: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        STORE_GROUP_DOCUMENTS,
+                        "Documents per grouped vector-store write (one upsert of their points, one delete of their older versions).",
+                    )
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+                )
+                .unwrap(),
+            ),
+            store_write_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        STORE_WRITE_DURATION,
+                        "Time of one grouped vector-store write (upserts, then the delete of older versions).",
+                    )
+                    .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
                 )
                 .unwrap(),
             ),
