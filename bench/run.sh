@@ -17,7 +17,10 @@
 #      QDRANT_URL for another server): recall@10 and latency of HNSW, int8 without and with rescoring
 #      (QUANT_NOTES stored notes, default 300; 0 skips);
 #   6. the query service over HTTP: /v1/context and /v1/search p50/p99 and requests/s at 1 and 8 clients, embedded
-#      store and the Qdrant server, over SHARED/eval/qa (1,488 notes, 600 questions; SERVE_REQUESTS, 0 skips).
+#      store and the Qdrant server, over SHARED/eval/qa (1,488 notes, 600 questions; SERVE_REQUESTS, 0 skips);
+#   7. the store's writes without the model (clinstream bench store --csv: the notes' own points through the store
+#      writer, 512 at once): each document alone beside group commit, embedded store and the Qdrant server
+#      (STORE_DOCS notes, default 4,000; 0 skips).
 # Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes for 1; default all 4,966 non-empty notes)
 # Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI), and for
 # 3 the broker from `make tools`.
@@ -85,7 +88,7 @@ if [ "${RSS_SECONDS:-300}" != 0 ]; then
 fi
 
 url=${QDRANT_URL:-}
-if [ -z "$url" ] && { [ "${QUANT_NOTES:-300}" != 0 ] || [ "${SERVE_REQUESTS:-600}" != 0 ]; }; then
+if [ -z "$url" ] && { [ "${QUANT_NOTES:-300}" != 0 ] || [ "${SERVE_REQUESTS:-600}" != 0 ] || [ "${STORE_DOCS:-4000}" != 0 ]; }; then
   qdir=$(mktemp -d); http=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$http QDRANT__SERVICE__GRPC_PORT=$grpc \
@@ -108,6 +111,13 @@ if [ "${SERVE_REQUESTS:-600}" != 0 ]; then
     --questions "$SHARED/eval/qa/questions.jsonl" --url "$url" --requests "${SERVE_REQUESTS:-600}" > "$WORK/serve.json"
 fi
 
+echo '[]' > "$WORK/store.json"
+if [ "${STORE_DOCS:-4000}" != 0 ]; then
+  echo "store writes without the model (${STORE_DOCS:-4000} notes, each alone and grouped, embedded and server)..." >&2
+  "$BIN" bench store --csv "$WORK/mtsamples.csv" --docs "${STORE_DOCS:-4000}" --concurrency 512 --groups 0,2048 \
+    --runs 1 --url "$url" > "$WORK/store.json"
+fi
+
 python3 - "$WORK" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 work = sys.argv[1]
@@ -125,6 +135,7 @@ e2e_seos = json.load(open(f"{work}/e2e-seos.json"))
 rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
 serve = json.load(open(f"{work}/serve.json"))
+store = json.load(open(f"{work}/store.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -146,6 +157,7 @@ result = {
     "rss": rss,
     "quantization": quant,
     "serve": serve,
+    "store_writes": store,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -255,5 +267,11 @@ if serve:
         print(f"  {store}, {clients} client(s): p99 /v1/context / p99 /v1/search (the baseline) = {ratio:.2f}")
     for store, route, ratio in serve["scaling_8_vs_1"]:
         print(f"  {store} /v1/{route}: requests/s at 8 clients / at 1 = {ratio:.2f}")
+if store:
+    print(f"store writes without the model ({store[0]['docs']} notes, {store[0]['points_per_doc']:.1f} points each, 512 at once):")
+    for r in store:
+        how = "each document alone" if r["group_points"] == 0 else f"group commit ({r['group_points']} points)"
+        print(f"  {r['store']:<9}{how:<34}{r['docs_per_s']:8.0f} documents/s   mean group {r['mean_group_documents']:.1f}"
+              f"   x{r['ratio_to_ungrouped']:.2f} of each alone")
 print(f"wrote {path}")
 PY

@@ -353,8 +353,9 @@ enum BenchCommand {
         config: Option<PathBuf>,
     },
     /// Store writes as the indexer makes them (`store::Writer`), grouped (`store.group_points`) and one document at
-    /// a time side by side: documents/s on a fresh embedded store per setting, and with `--url` on a Qdrant server
-    /// (a new collection, dropped afterwards); prints JSON with each setting's ratio to the ungrouped one.
+    /// a time side by side: documents/s on a fresh embedded store per setting (which writes each document alone),
+    /// and with `--url` on a Qdrant server (a new collection, dropped afterwards); prints JSON with each setting's
+    /// ratio to the ungrouped one.
     Store {
         /// Real notes (MTSamples: column `transcription`): the worker's own payloads, windows and BM25 vectors with
         /// fixed chunks and placeholder dense vectors; without it, synthetic documents of `--chunks` + `--windows`.

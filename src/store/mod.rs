@@ -357,9 +357,10 @@ pub(crate) fn document_filter(doc_id: &str, keep_version: Option<&str>) -> Value
 /// Filter matching the points of these documents other than `keep`.
 pub(crate) fn except_filter(doc_ids: &[&str], keep: &[uuid::Uuid]) -> Value {
     let keep: Vec<String> = keep.iter().map(|u| u.to_string()).collect();
+    let must_not = if keep.is_empty() { Vec::new() } else { vec![serde_json::json!({"has_id": keep})] };
     serde_json::json!({
         "must": [{"key": "doc_id", "match": {"any": doc_ids}}],
-        "must_not": [{"has_id": keep}],
+        "must_not": must_not,
     })
 }
 
@@ -411,5 +412,9 @@ mod tests {
         assert_eq!(f["must"][0]["match"]["any"], serde_json::json!(["d1", "d2"]));
         assert_eq!(f["must_not"][0]["has_id"][1], keep[1].to_string());
         let _: qdrant_edge::Filter = serde_json::from_value(f).unwrap();
+        // A document written with no points keeps none.
+        let none = except_filter(&["d3"], &[]);
+        assert_eq!(none["must_not"].as_array().unwrap().len(), 0);
+        let _: qdrant_edge::Filter = serde_json::from_value(none).unwrap();
     }
 }

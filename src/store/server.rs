@@ -308,7 +308,9 @@ impl ServerStore {
         let ids: Vec<String> = doc_ids.iter().map(|d| d.to_string()).collect();
         let keep: Vec<qdrant_client::qdrant::PointId> = keep.iter().map(|u| u.to_string().into()).collect();
         let mut filter = Filter::must([Condition::matches("doc_id", ids)]);
-        filter.must_not = vec![Condition::has_id(keep)];
+        if !keep.is_empty() {
+            filter.must_not = vec![Condition::has_id(keep)];
+        }
         self.client
             .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
             .await
