@@ -304,8 +304,12 @@ impl ConsumerContext for IntakeContext {
                 metrics().assigned.set(self.ledger.assign(&partitions) as i64);
                 info!(partitions = partitions.len(), "Partitions assigned.");
                 self.assignment_changed.store(true, Ordering::SeqCst);
-                if self.paused.load(Ordering::SeqCst) && tpl.count() > 0 {
-                    let _ = consumer.pause(tpl);
+                // librdkafka keeps an application pause on a partition across a revocation and a new assignment
+                // (only its own pause is reset): a partition paused by the budget or by the idle backoff, and
+                // resumed while it was not assigned (a resume then covers nothing), would stay paused for good.
+                // So the new assignment's state is set here: the budget's pause, or running.
+                if tpl.count() > 0 {
+                    let _ = if self.paused.load(Ordering::SeqCst) { consumer.pause(tpl) } else { consumer.resume(tpl) };
                 }
                 self.push(Intake::Assigned(partitions));
             }
@@ -473,8 +477,10 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
         }
         let paused = ctx.paused.load(Ordering::SeqCst);
         if ctx.assignment_changed.swap(false, Ordering::SeqCst) {
+            // The new assignment runs (or holds the budget's pause): an idle pause ended with the rebalance.
             at_end.clear();
             recheck = true;
+            idle_until = None;
         }
         let now = Instant::now();
         match idle_until {
