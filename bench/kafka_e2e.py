@@ -5,7 +5,8 @@ environment, CPU by default), for 1 and 2 workers; names the stage where the tim
     python3 bench/kafka_e2e.py BIN MTSAMPLES_CSV N [WORKERS...]     (prints JSON)
 
 NOIDA_DB names the broker binary (default .tools/noida/noida_db/noida-db); E2E_TIMEOUT (seconds, default 900)
-bounds each run; a worker that exits early fails the run with the tail of its log.
+bounds each run; E2E_ROUNDS (default 1) runs each worker count that many times and reports the best, with every
+round's notes/s; a worker that exits early fails the run with the tail of its log.
 
 Starts a fresh noida-db broker (`make tools`) per worker count, produces N MTSamples notes wrapped as
 DocumentReferences onto a 4-partition topic, starts the workers (each with its own embedded store: two processes
@@ -191,6 +192,7 @@ def run(bin_, events_path, n, workers, work):
         upsert_s = sum(total(b, "clinstream_qdrant_upsert_duration_seconds_sum") for b in bodies)
         write_s = sum(total(b, "clinstream_qdrant_write_duration_seconds_sum") for b in bodies)
         batches = sum(total(b, "clinstream_embed_batch_duration_seconds_count") for b in bodies)
+        padded = sum(total(b, "clinstream_embed_batch_tokens_sum") for b in bodies)
         # Per-document stage time; "index" contains "embed" and "qdrant", so it is not counted twice.
         shown = {k: v for k, v in stages.items() if k not in ("index",)}
         busiest = max(shown, key=shown.get) if shown else None
@@ -206,6 +208,8 @@ def run(bin_, events_path, n, workers, work):
             "mean_in_flight": round(sum(in_flight) / len(in_flight), 1) if in_flight else None,
             # Time the model threads spent in batches (summed over workers) and the batches run.
             "model_seconds": round(model_s, 2), "batches": int(batches),
+            # Tokens the model computed, padding included, per token embedded (1.0 = no padding).
+            "padded_per_token": round(padded / tokens, 3) if tokens else None,
             # Store writes: points per note, documents per grouped write (store.group_points), the time inside
             # upsert requests and inside the writer's grouped writes (one writer per store: a write time close to the
             # run's length means the store is the serial step).
@@ -232,7 +236,15 @@ def main():
     with open(events, "w") as f:
         for line in notes(csv_path, n):
             f.write(line + "\n")
-    results = [run(bin_, events, n, w, work) for w in counts]
+    # E2E_ROUNDS: runs per worker count (a fresh broker each); the best is reported, with every round's notes/s, as
+    # the file-mode runs (bench/seos_e2e.py) report theirs: this shared machine drifts by ±15 % from run to run.
+    rounds = max(1, int(os.environ.get("E2E_ROUNDS", "1")))
+    results = []
+    for w in counts:
+        tries = [run(bin_, events, n, w, work) for _ in range(rounds)]
+        best = max(tries, key=lambda r: r["notes_per_s"])
+        best["rounds_notes_per_s"] = [r["notes_per_s"] for r in tries]
+        results.append(best)
     json.dump({"command": f"python3 bench/kafka_e2e.py BIN mtsamples.csv {n} {' '.join(map(str, counts))}",
                "runs": results}, sys.stdout, indent=2)
     print()

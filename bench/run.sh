@@ -11,7 +11,8 @@
 #      release, when given) beside this tree's SEOS modes and fixed chunks (SEOS_E2E_NOTES, default SEOS_NOTES;
 #      0 skips);
 #   3. end to end through a local broker on the same notes: fixed chunks with 1 and 2 workers, SEOS with 1
-#      (E2E_NOTES, default SEOS_NOTES; E2E_NOTES=0 skips); every end-to-end figure is printed beside its bound;
+#      (E2E_NOTES, default SEOS_NOTES; E2E_NOTES=0 skips), best of E2E_ROUNDS (default 2, like the file-mode
+#      runs); every end-to-end figure is printed beside its bound;
 #   4. RSS over a sustained run, text-only and with indexing (RSS_SECONDS each, default 300; 0 skips);
 #   5. int8 scalar quantization against exact search on a Qdrant server (SHARED/tools/qdrant/qdrant-server, or
 #      QDRANT_URL for another server): recall@10 and latency of HNSW, int8 without and with rescoring
@@ -73,10 +74,10 @@ echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
 echo '{}' > "$WORK/e2e.json"; echo '{}' > "$WORK/e2e-seos.json"
 if [ "$E2E_NOTES" != 0 ]; then
-  echo "end to end through a local broker (fixed-size chunks, CPU embedding), 1 and 2 workers..." >&2
-  CLINSTREAM__CHUNKING__STRATEGY=fixed python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 2 > "$WORK/e2e.json"
-  echo "end to end through a local broker (SEOS, the default vectors), 1 worker..." >&2
-  CLINSTREAM__CHUNKING__STRATEGY=seos python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 > "$WORK/e2e-seos.json"
+  echo "end to end through a local broker (fixed-size chunks, CPU embedding), 1 and 2 workers, best of ${E2E_ROUNDS:-2}..." >&2
+  CLINSTREAM__CHUNKING__STRATEGY=fixed E2E_ROUNDS=${E2E_ROUNDS:-2} python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 2 > "$WORK/e2e.json"
+  echo "end to end through a local broker (SEOS, the default vectors), 1 worker, best of ${E2E_ROUNDS:-2}..." >&2
+  CLINSTREAM__CHUNKING__STRATEGY=seos E2E_ROUNDS=${E2E_ROUNDS:-2} python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 > "$WORK/e2e-seos.json"
 fi
 echo '{}' > "$WORK/rss.json"
 if [ "${RSS_SECONDS:-300}" != 0 ]; then
@@ -217,8 +218,10 @@ if seos_e2e:
               f"x{x['best_vs_baseline']:.2f} of {seos_e2e['entries'][0]['name']}")
 for name, x in (("fixed", e2e), ("SEOS", e2e_seos)):
     for run in x.get("runs", []):
+        rounds = run.get("rounds_notes_per_s", [run["notes_per_s"]])
         print(f"end to end through the broker, {name}, {run['workers']} worker(s): {run['notes_per_s']:.2f} notes/s to "
-              f"committed outputs ({run['notes']} notes in {run['seconds_to_committed']:.1f} s; {run['embed_tokens']} "
+              f"committed outputs (best of {len(rounds)}: {', '.join(f'{r:.2f}' for r in rounds)}; "
+              f"{run['notes']} notes in {run['seconds_to_committed']:.1f} s; {run['embed_tokens']} "
               f"embedded tokens); CPU s: workers {run['cpu_seconds']['workers']}, broker {run['cpu_seconds']['broker']}; "
               f"model busy {run.get('model_seconds')} s in {run.get('batches')} batches; partitions assigned after "
               f"{run.get('seconds_to_assigned')} s; mean in flight {run.get('mean_in_flight')}; "

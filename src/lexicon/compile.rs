@@ -3,16 +3,51 @@
 //! list — ConText cues, CLEAR variable synonyms — on the spot).
 //!
 //! Matching folds ASCII case, so the automaton holds each phrase lower-cased, once: phrases that fold to the same
-//! text (`MS` and `ms`) share one automaton pattern, whose *group* lists their indexes in ascending order. The
+//! text (`MS` and `ms`) share one automaton pattern, whose *group* lists their indexes in ascending order.
+//!
+//! Word boundaries are part of the patterns: each pattern carries a `BOUNDARY` byte (0xFF, which no UTF-8 text
+//! holds) wherever a word character (letter or digit) meets a non-word one, before a leading word character and
+//! after a trailing one (`marked`); the matcher searches the text marked by the same rule. So the automaton reports
+//! only matches whose ends respect word boundaries (`pain` never inside `painful`, `ar` never inside `heart`), and
+//! inside a word that starts no pattern it stays at its root instead of walking the states of the word's
+//! suffixes (`docs/benchmarks.md`, 2026-11-24, fifth). The
 //! compiled form is `MAGIC`, the phrase count, a fingerprint of the folded phrases (a matcher refuses a form built
 //! from other phrases), the groups, then daachorse's own serialisation of the automaton. Integers are
 //! little-endian. This file uses nothing but `std` and `daachorse` (the build script includes it by path).
 
 use daachorse::{DoubleArrayAhoCorasick, DoubleArrayAhoCorasickBuilder, MatchKind};
 
-pub const MAGIC: &[u8; 8] = b"CLSPM01\n";
+pub const MAGIC: &[u8; 8] = b"CLSPM02\n";
 
-/// The automaton (values: group index) and the phrase groups.
+/// Marks a word boundary in patterns and in the searched text; never a byte of UTF-8.
+pub const BOUNDARY: u8 = 0xFF;
+
+/// Letters and digits: a match must not cut through a run of them.
+pub fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric()
+}
+
+/// A phrase as the automaton holds it: ASCII case folded, `BOUNDARY` wherever a word character meets a non-word
+/// character, before a leading word character and after a trailing one.
+pub fn marked(phrase: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(phrase.len() + 4);
+    let mut word = false;
+    let mut buf = [0u8; 4];
+    for c in phrase.chars() {
+        let w = is_word_char(c);
+        if w != word {
+            out.push(BOUNDARY);
+            word = w;
+        }
+        out.extend_from_slice(c.to_ascii_lowercase().encode_utf8(&mut buf).as_bytes());
+    }
+    if word {
+        out.push(BOUNDARY);
+    }
+    out
+}
+
+/// The automaton over the marked phrases (values: group index) and the phrase groups.
 pub struct Compiled {
     pub automaton: DoubleArrayAhoCorasick<u32>,
     /// Group `g` holds `group_phrases[group_start[g]..group_start[g + 1]]`.
@@ -50,7 +85,7 @@ pub fn compile(phrases: &[&str]) -> Result<Compiled, String> {
         if p.is_empty() {
             continue;
         }
-        let folded = p.as_bytes().to_ascii_lowercase();
+        let folded = marked(p);
         let g = *group_of.entry(folded.clone()).or_insert_with(|| {
             members.push(Vec::new());
             patterns.push((folded, (members.len() - 1) as u32));

@@ -5,9 +5,12 @@
 //!
 //! A phrase marked case-sensitive (abbreviations such as `MS` or `PE`) matches only when the text has exactly
 //! its case. Boundaries: the characters just before and after a match must not be letters or digits (so `pain`
-//! does not match inside `painful`, and `no` does not match inside `nose`).
+//! does not match inside `painful`, and `no` does not match inside `nose`); a phrase that starts or ends with
+//! another character needs no boundary there. The automaton enforces them itself: its patterns and the searched
+//! text carry a boundary mark wherever a word character meets a non-word one (`compile::marked`, `prepare`), so
+//! every match it reports is a match here. Runs of ASCII whitespace in the text match one space of a phrase.
 
-use super::compile::{self, Compiled};
+use super::compile::{self, BOUNDARY, Compiled, is_word_char};
 
 /// One occurrence of a phrase: byte span in the searched text and the phrase's index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,17 +78,16 @@ impl PhraseMatcher {
         find_all_of(&[(self, 0)], text)
     }
 
-    fn push_normalised(&self, text: &str, offset: u32, out: &mut Vec<PhraseMatch>) {
-        let bytes = text.as_bytes();
-        let folded = bytes.iter().map(u8::to_ascii_lowercase);
-        for m in self.compiled.automaton.find_overlapping_iter_from_iter(folded) {
-            let (start, end) = (m.start(), m.end());
-            if !boundary_before(text, start) || !boundary_after(text, end) {
-                continue;
-            }
+    fn push_prepared(&self, text: &str, prepared: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
+        let (bytes, origin) = (prepared.bytes.as_slice(), prepared.origin.as_slice());
+        for m in self.compiled.automaton.find_overlapping_iter(bytes) {
+            let (s, e) = (m.start(), m.end());
+            // A boundary mark stands for the position of the character after it.
+            let start = origin[s] as usize;
+            let end = if bytes[e - 1] == BOUNDARY { origin[e - 1] as usize } else { origin[e - 1] as usize + 1 };
             for &id in self.compiled.group(m.value()) {
                 if let Some(exact) = &self.exact[id as usize]
-                    && &bytes[start..end] != exact.as_ref()
+                    && !same_but_spaces(&text.as_bytes()[start..end], exact)
                 {
                     continue;
                 }
@@ -97,11 +99,11 @@ impl PhraseMatcher {
     /// The phrases whose folded text is the whole of `text` folded (no boundary or case rules: the caller
     /// compares texts).
     pub fn exact(&self, text: &str) -> Vec<u32> {
-        let folded = text.bytes().map(|b| b.to_ascii_lowercase());
+        let marked = compile::marked(text);
         self.compiled
             .automaton
-            .find_overlapping_iter_from_iter(folded)
-            .filter(|m| m.start() == 0 && m.end() == text.len())
+            .find_overlapping_iter(&marked)
+            .filter(|m| m.start() == 0 && m.end() == marked.len())
             .flat_map(|m| self.compiled.group(m.value()).iter().copied())
             .collect()
     }
@@ -113,64 +115,84 @@ impl PhraseMatcher {
 }
 
 /// `find_all` over several matchers at once, as if they were one over the concatenation of their phrase lists:
-/// each `(matcher, offset)` adds `offset` to its phrase indexes. The text is normalised once.
+/// each `(matcher, offset)` adds `offset` to its phrase indexes. The text is prepared (folded, marked) once.
 pub fn find_all_of(matchers: &[(&PhraseMatcher, u32)], text: &str) -> Vec<PhraseMatch> {
     let mut out = Vec::new();
-    if !needs_normalising(text) {
-        for (m, offset) in matchers {
-            m.push_normalised(text, *offset, &mut out);
-        }
-    } else {
-        let (normalised, shifts) = normalise_whitespace(text);
-        for (m, offset) in matchers {
-            m.push_normalised(&normalised, *offset, &mut out);
-        }
-        let to_original = |pos: usize| {
-            // The last shift at or before `pos` gives the offset to add.
-            let i = shifts.partition_point(|&(at, _)| at <= pos);
-            pos + if i == 0 { 0 } else { shifts[i - 1].1 }
-        };
-        for m in &mut out {
-            m.start = to_original(m.start);
-            m.end = to_original(m.end - 1) + 1;
-        }
+    let prepared = prepare(text);
+    for (m, offset) in matchers {
+        m.push_prepared(text, &prepared, *offset, &mut out);
     }
     out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
     out
 }
 
-fn needs_normalising(text: &str) -> bool {
-    let b = text.as_bytes();
-    b.iter().any(|&c| c == b'\n' || c == b'\t' || c == b'\r') || b.windows(2).any(|w| w == b"  ")
+/// A text as the automaton searches it, and where each of its bytes came from.
+struct Prepared {
+    /// ASCII case folded, each run of ASCII whitespace one space, `BOUNDARY` wherever a word character meets a
+    /// non-word one (and before a leading, after a trailing word character): the rule of `compile::marked`.
+    bytes: Vec<u8>,
+    /// Per byte of `bytes`: its offset in the text; for a boundary mark, the offset of the character after it.
+    origin: Vec<u32>,
 }
 
-/// Collapses runs of ASCII whitespace to one space. Returns the text and its shifts: `(normalised offset, bytes
-/// removed before it)` at each point where the removed count grows, so an offset maps back with one binary
-/// search (a sparse map, not one entry per byte).
-fn normalise_whitespace(text: &str) -> (String, Vec<(usize, usize)>) {
-    // Byte runs, not chars: whitespace is ASCII, so cutting at it keeps every UTF-8 sequence whole.
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut shifts = Vec::new();
-    let mut removed = 0;
+fn prepare(text: &str) -> Prepared {
+    let src = text.as_bytes();
+    let cap = src.len() + src.len() / 3 + 2;
+    let (mut bytes, mut origin) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    let mut word = false;
     let mut i = 0;
-    while i < bytes.len() {
-        let word_end = bytes[i..].iter().position(u8::is_ascii_whitespace).map_or(bytes.len(), |p| i + p);
-        out.extend_from_slice(&bytes[i..word_end]);
-        if word_end == bytes.len() {
-            break;
+    while i < src.len() {
+        let b = src[i];
+        let (w, len) = if b.is_ascii() {
+            (b.is_ascii_alphanumeric(), 1)
+        } else {
+            let c = text[i..].chars().next().expect("a char starts here");
+            (is_word_char(c), c.len_utf8())
+        };
+        if w != word {
+            bytes.push(BOUNDARY);
+            origin.push(i as u32);
+            word = w;
         }
-        let space_end =
-            bytes[word_end..].iter().position(|b| !b.is_ascii_whitespace()).map_or(bytes.len(), |p| word_end + p);
-        out.push(b' ');
-        let now_removed = removed + (space_end - word_end - 1);
-        if now_removed != removed && space_end < bytes.len() {
-            shifts.push((out.len(), now_removed));
+        if b.is_ascii_whitespace() {
+            bytes.push(b' ');
+            origin.push(i as u32);
+            i += 1;
+            while i < src.len() && src[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            continue;
         }
-        removed = now_removed;
-        i = space_end;
+        for (k, &c) in src[i..i + len].iter().enumerate() {
+            bytes.push(c.to_ascii_lowercase());
+            origin.push((i + k) as u32);
+        }
+        i += len;
     }
-    (String::from_utf8(out).expect("cut at ASCII whitespace only"), shifts)
+    if word {
+        bytes.push(BOUNDARY);
+        origin.push(src.len() as u32);
+    }
+    Prepared { bytes, origin }
+}
+
+/// Whether `text` equals `phrase` byte for byte, a run of ASCII whitespace in `text` standing for one space.
+fn same_but_spaces(text: &[u8], phrase: &[u8]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < text.len() {
+        if phrase.get(j) != Some(if text[i].is_ascii_whitespace() { &b' ' } else { &text[i] }) {
+            return false;
+        }
+        if text[i].is_ascii_whitespace() {
+            while i < text.len() && text[i].is_ascii_whitespace() {
+                i += 1;
+            }
+        } else {
+            i += 1;
+        }
+        j += 1;
+    }
+    j == phrase.len()
 }
 
 /// Keeps leftmost-longest non-overlapping matches from matches sorted by (start, longest first).
@@ -186,59 +208,112 @@ pub fn select_longest(sorted: Vec<PhraseMatch>) -> Vec<PhraseMatch> {
     out
 }
 
-fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric()
-}
-
-fn boundary_before(text: &str, start: usize) -> bool {
-    let first = text[start..].chars().next();
-    // A phrase that starts with punctuation needs no boundary.
-    if !first.is_some_and(is_word_char) {
-        return true;
-    }
-    text[..start].chars().next_back().is_none_or(|c| !is_word_char(c))
-}
-
-fn boundary_after(text: &str, end: usize) -> bool {
-    let last = text[..end].chars().next_back();
-    if !last.is_some_and(is_word_char) {
-        return true;
-    }
-    text[end..].chars().next().is_none_or(|c| !is_word_char(c))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The byte-run normaliser against a plain per-char statement of the same rule.
-    #[test]
-    fn whitespace_runs_collapse_with_a_sparse_offset_map() {
-        for text in ["a  b\n\n c", "  lead and trail  ", "é\t\tü ñ\r\nx", "", " ", "one", "a\nb"] {
-            let (out, shifts) = normalise_whitespace(text);
-            let mut expected = String::new();
-            let mut map = Vec::new();
-            for (i, c) in text.char_indices() {
-                if c.is_ascii_whitespace() {
-                    if !expected.ends_with(' ') {
-                        expected.push(' ');
-                        map.push(i);
-                    }
-                    continue;
+    /// The statement of the rules, one phrase at a time over the whitespace-collapsed text, char by char: every
+    /// occurrence of the folded phrase whose ends respect the boundary rule and, for a case-sensitive phrase, with
+    /// the phrase's exact case. Offsets in the original text.
+    fn reference(phrases: &[(&str, bool)], text: &str) -> Vec<PhraseMatch> {
+        let mut norm = String::new();
+        let mut map = Vec::new();
+        for (i, c) in text.char_indices() {
+            if c.is_ascii_whitespace() {
+                if !norm.ends_with(' ') {
+                    norm.push(' ');
+                    map.push(i);
                 }
-                map.extend((0..c.len_utf8()).map(|k| i + k));
-                expected.push(c);
+                continue;
             }
-            assert_eq!(out, expected, "{text:?}");
-            for (pos, &orig) in map.iter().enumerate() {
-                if out.as_bytes()[pos] == b' ' {
-                    continue;
+            for k in 0..c.len_utf8() {
+                map.push(i + k);
+            }
+            norm.push(c);
+        }
+        let word_at = |s: &str| s.chars().next().is_some_and(is_word_char);
+        let word_before = |s: &str| s.chars().next_back().is_some_and(is_word_char);
+        let mut out = Vec::new();
+        for (id, &(phrase, cs)) in phrases.iter().enumerate() {
+            if phrase.is_empty() {
+                continue;
+            }
+            for start in (0..=norm.len()).filter(|&i| norm.is_char_boundary(i)) {
+                let end = start + phrase.len();
+                let Some(found) = norm.get(start..end) else { continue };
+                let same = if cs { found == phrase } else { found.eq_ignore_ascii_case(phrase) };
+                let before_ok = !word_at(found) || !word_before(&norm[..start]);
+                let after_ok = !word_before(found) || !word_at(&norm[end..]);
+                if same && before_ok && after_ok {
+                    let orig_end = map[end - 1] + 1;
+                    out.push(PhraseMatch { start: map[start], end: orig_end, phrase: id as u32 });
                 }
-                let k = shifts.partition_point(|&(at, _)| at <= pos);
-                let back = pos + if k == 0 { 0 } else { shifts[k - 1].1 };
-                assert_eq!(back, orig, "{text:?} at {pos}");
             }
         }
+        out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
+        out
+    }
+
+    #[test]
+    fn the_marked_automaton_finds_what_the_rules_say() {
+        let phrases: Vec<(&str, bool)> = vec![
+            ("pain", false),
+            ("chest pain", false),
+            ("ar", false),
+            ("MS", true),
+            ("Ms A", true),
+            ("(+)-x", false),
+            ("b.p.", false),
+            ("-1", false),
+            ("é", false),
+            ("fièvre légère", false),
+            ("a1", false),
+            (" a", false),
+            ("x ", false),
+            ("a-b", false),
+            ("", false),
+        ];
+        let m = PhraseMatcher::new(phrases.iter().copied()).unwrap();
+        let fixed = [
+            "heart pain, painful; chest  \n pain",
+            "MS ms Ms  A ms a\r\nMS",
+            "(+)-x y(+)-xz B.P. b.p.q -1 a-1 2-1",
+            "é fé éa Fièvre\tlégère fièvre légèreté",
+            "a1 a12 ba1 a-b a-bc xa-b",
+            "",
+            " ",
+            "\u{a0}pain\u{a0}ar\u{2014}ar",
+        ];
+        for text in fixed {
+            assert_eq!(m.find_all(text), reference(&phrases, text), "{text:?}");
+        }
+        // Random texts over an alphabet of the characters the rules treat differently.
+        let alphabet = [
+            'a', 'r', 'p', 'i', 'n', 'A', 'M', 'S', 's', '1', '-', '.', ' ', '\n', '\t', 'é', '\u{a0}', '(', ')', '+',
+            'x', 'b',
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..3000 {
+            let mut text = String::new();
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            for _ in 0..(state % 40) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                text.push(alphabet[(state % alphabet.len() as u64) as usize]);
+            }
+            for p in ["pain", "ar", "a1", "b.", "MS", "x", "(+)-x"] {
+                if state.is_multiple_of(3) {
+                    text.push_str(p);
+                }
+                state = state.rotate_left(7);
+            }
+            assert_eq!(m.find_all(&text), reference(&phrases, &text), "{text:?}");
+        }
+        assert_eq!(m.exact("Chest Pain"), vec![1]);
+        assert!(m.exact("chest  pain").is_empty() && m.exact("pain ").is_empty());
     }
 
     #[test]
