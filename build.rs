@@ -1,6 +1,6 @@
-//! Compiles the built-in lexicon's phrase automaton (data/lexicon/terms.tsv, 92k terms) once, at build time, into
-//! `$OUT_DIR/lexicon-terms.automaton`; `Lexicon::builtin()` loads it at start instead of building it (about 0.7 s
-//! with the automaton built at run time). The compiled form is described in src/lexicon/compile.rs.
+//! Compiles the built-in lexicon's phrase trie (data/lexicon/terms.tsv, 92k terms) once, at build time, into
+//! `$OUT_DIR/lexicon-terms.trie`; `Lexicon::builtin()` loads it at start instead of building it. The compiled form
+//! is described in src/lexicon/compile.rs.
 
 #[path = "src/lexicon/compile.rs"]
 #[allow(dead_code)]
@@ -11,7 +11,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/lexicon/compile.rs");
     let tsv = std::fs::read_to_string("data/lexicon/terms.tsv").expect("data/lexicon/terms.tsv");
     let terms: Vec<&str> = compile::tsv_terms(&tsv).collect();
-    let compiled = compile::compile(&terms).expect("compiling the lexicon's automaton");
-    let out = std::path::Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("lexicon-terms.automaton");
-    std::fs::write(&out, compiled.to_bytes()).expect("writing the lexicon's automaton");
+    let compiled = compile::compile(&terms).expect("compiling the lexicon's trie");
+    let out = std::path::Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("lexicon-terms.trie");
+    std::fs::write(&out, compiled.to_bytes()).expect("writing the lexicon's trie");
 }

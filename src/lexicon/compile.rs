@@ -1,34 +1,55 @@
-//! The phrase automaton in its compiled form, shared by the build script (which compiles the built-in lexicon's
-//! 92k terms once, at build time) and the matcher (which loads that form at start, or compiles a small phrase
-//! list — ConText cues, CLEAR variable synonyms — on the spot).
+//! The phrase matcher's compiled form, shared by the build script (which compiles the built-in lexicon's 92k terms
+//! once, at build time) and the matcher (which loads that form at start, or compiles a small phrase list — ConText
+//! cues, CLEAR variable synonyms — on the spot).
 //!
-//! Matching folds ASCII case, so the automaton holds each phrase lower-cased, once: phrases that fold to the same
-//! text (`MS` and `ms`) share one automaton pattern, whose *group* lists their indexes in ascending order.
+//! Matching folds ASCII case, so each phrase is held lower-cased, once: phrases that fold to the same text (`MS`
+//! and `ms`) share one *pattern*, whose *group* lists their indexes in ascending order.
 //!
-//! Word boundaries are part of the patterns: each pattern carries a `BOUNDARY` byte (0xFF, which no UTF-8 text
-//! holds) wherever a word character (letter or digit) meets a non-word one, before a leading word character and
-//! after a trailing one (`marked`); the matcher searches the text marked by the same rule. So the automaton reports
-//! only matches whose ends respect word boundaries (`pain` never inside `painful`, `ar` never inside `heart`), and
-//! inside a word that starts no pattern it stays at its root instead of walking the states of the word's
-//! suffixes (`docs/benchmarks.md`, 2026-11-24, fifth). The
-//! compiled form is `MAGIC`, the phrase count, a fingerprint of the folded phrases (a matcher refuses a form built
-//! from other phrases), the groups, then daachorse's own serialisation of the automaton. Integers are
-//! little-endian. This file uses nothing but `std` and `daachorse` (the build script includes it by path).
+//! A pattern is read as the matcher reads a text: maximal runs of word characters (letters and digits: *words*)
+//! and the runs of other characters between them (*separators*). A match never cuts through a word, so a pattern
+//! is a word sequence — optionally after a *lead* separator (`(` in `(+)-x`) and before a *trail* one (`)` in
+//! `... (disorder)`) — and a text matches it where its words are those words, its separators between them are
+//! those separators (a run of whitespace in the text standing for one space), the separator before the first word
+//! ends with the lead, and the one after the last word begins with the trail. Patterns without a word (none in
+//! the built-in lexicon) match inside a separator.
+//!
+//! So the search walks words, not bytes (`Trie`): each distinct pattern word and separator has an id
+//! (`Vocab`, open addressing over the folded bytes), the patterns form a trie over (separator, word) steps whose
+//! edges are one hash table keyed by (node, separator, word), and the root's children are an array indexed by the
+//! first word's id. A text's words are looked up once each (independent lookups, which the processor overlaps),
+//! then a walk starts at every word and stops at the first step no pattern takes: a few table reads per word,
+//! where the byte-wise Aho-Corasick automaton it replaced made one dependent read per byte into 11.7 MB
+//! (`docs/benchmarks.md`, 2026-11-24, seventh).
+//!
+//! The compiled form is `MAGIC`, the phrase count, a fingerprint of the folded phrases (a matcher refuses a form
+//! built from other phrases), the groups, then the trie's arrays, each a length and its little-endian items.
+//! This file uses nothing but `std` (the build script includes it by path).
 
-use daachorse::{DoubleArrayAhoCorasick, DoubleArrayAhoCorasickBuilder, MatchKind};
+use std::collections::HashMap;
 
-pub const MAGIC: &[u8; 8] = b"CLSPM02\n";
+pub const MAGIC: &[u8; 8] = b"CLSPM03\n";
 
-/// Marks a word boundary in patterns and in the searched text; never a byte of UTF-8.
+/// Marks a word boundary in `marked` patterns; never a byte of UTF-8.
 pub const BOUNDARY: u8 = 0xFF;
+
+/// No id: a word or separator no pattern has, a node without that child.
+pub const NONE: u32 = u32::MAX;
+
+/// Separator ids are below this (they share an edge key with the word id and the node).
+const MAX_SEPS: u32 = 1 << 11;
+/// The separator of a lead root's first step (there is none: the lead is checked on its own).
+pub const LEAD_STEP: u32 = MAX_SEPS - 1;
+/// Word ids are below this.
+const MAX_WORDS: u32 = 1 << 21;
 
 /// Letters and digits: a match must not cut through a run of them.
 pub fn is_word_char(c: char) -> bool {
     c.is_alphanumeric()
 }
 
-/// A phrase as the automaton holds it: ASCII case folded, `BOUNDARY` wherever a word character meets a non-word
-/// character, before a leading word character and after a trailing one.
+/// A phrase ASCII case folded, with `BOUNDARY` wherever a word character meets a non-word character, before a
+/// leading word character and after a trailing one: split at `BOUNDARY`, its pieces alternate separator, word,
+/// separator, ... (the first and last separators possibly empty), or it is one separator when it has no word.
 pub fn marked(phrase: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(phrase.len() + 4);
     let mut word = false;
@@ -47,9 +68,365 @@ pub fn marked(phrase: &str) -> Vec<u8> {
     out
 }
 
-/// The automaton over the marked phrases (values: group index) and the phrase groups.
+/// `bytes` as a little-endian u64, zero-padded (at most 8 bytes).
+#[inline]
+fn word_of(bytes: &[u8]) -> u64 {
+    let mut buf = [0u8; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(buf)
+}
+
+/// FxHash-style hash of a byte string given as its first 8 bytes (zero-padded, `head`) and the rest (the same at
+/// build time and at run time).
+#[inline]
+fn hash_parts(head: u64, rest: &[u8], len: usize) -> u64 {
+    const K: u64 = 0xf135_7aea_2e62_a9c5;
+    let mut h = ((len as u64).rotate_left(26) ^ head).wrapping_mul(K);
+    for c in rest.chunks(8) {
+        h = (h.rotate_left(26) ^ word_of(c)).wrapping_mul(K);
+    }
+    h ^ (h >> 29)
+}
+
+/// Distinct byte strings with dense ids, looked up by open addressing. A slot holds the string's first 8 bytes
+/// and its length, so most lookups (words of up to 8 bytes) read one slot and nothing else.
+#[derive(Debug, Default, Clone)]
+pub struct Vocab {
+    /// `[first 8 bytes zero-padded, len << 32 | (id + 1)]`; an empty slot is `[0, 0]`. Length a power of two, at
+    /// most half full.
+    slots: Vec<[u64; 2]>,
+    /// String `id` is `text[ends[id] - len..ends[id]]`.
+    ends: Vec<u32>,
+    text: Vec<u8>,
+}
+
+impl Vocab {
+    fn build(strings: &[Vec<u8>]) -> Vocab {
+        let size = (strings.len() * 2).next_power_of_two().max(16);
+        let mut v = Vocab { slots: vec![[0, 0]; size], ends: Vec::with_capacity(strings.len()), text: Vec::new() };
+        for (id, s) in strings.iter().enumerate() {
+            v.text.extend_from_slice(s);
+            v.ends.push(v.text.len() as u32);
+            let head = word_of(&s[..s.len().min(8)]);
+            let mut i = hash_parts(head, &s[s.len().min(8)..], s.len()) as usize & (size - 1);
+            while v.slots[i][1] != 0 {
+                i = (i + 1) & (size - 1);
+            }
+            v.slots[i] = [head, (s.len() as u64) << 32 | (id as u64 + 1)];
+        }
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The id of `s`, or `NONE`.
+    pub fn get(&self, s: &[u8]) -> u32 {
+        let mut padded = Vec::with_capacity(s.len() + 8);
+        padded.extend_from_slice(s);
+        padded.extend_from_slice(&[0; 8]);
+        self.get_at(&padded, 0, s.len())
+    }
+
+    /// The id of `buf[a..b]`, or `NONE`; `buf` holds at least 8 bytes from `a` (pad it).
+    #[inline]
+    pub fn get_at(&self, buf: &[u8], a: usize, b: usize) -> u32 {
+        if self.is_empty() {
+            return NONE;
+        }
+        let len = b - a;
+        let head8 = u64::from_le_bytes(buf[a..a + 8].try_into().expect("padded"));
+        let head = if len >= 8 { head8 } else { head8 & ((1u64 << (8 * len)) - 1) };
+        let rest = &buf[(a + 8).min(b)..b];
+        let h = hash_parts(head, rest, len);
+        let mask = self.slots.len() - 1;
+        let mut i = h as usize & mask;
+        loop {
+            let [slot_head, meta] = self.slots[i];
+            if meta == 0 {
+                return NONE;
+            }
+            if slot_head == head && (meta >> 32) as usize == len {
+                let id = (meta as u32) - 1;
+                let end = self.ends[id as usize] as usize;
+                if len <= 8 || &self.text[end - len + 8..end] == rest {
+                    return id;
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn check(&self) -> bool {
+        let lens_ok = self.slots.iter().all(|&[_, meta]| {
+            let (len, id) = ((meta >> 32) as usize, meta as u32 as usize);
+            meta == 0 || ((1..=self.ends.len()).contains(&id) && len <= self.ends[id - 1] as usize)
+        });
+        self.slots.len().is_power_of_two()
+            && self.ends.windows(2).all(|w| w[0] <= w[1])
+            && self.ends.last().is_none_or(|&e| e as usize == self.text.len())
+            && lens_ok
+            && self.slots.iter().any(|s| s[1] == 0)
+    }
+}
+
+/// The patterns as a trie over words (see the module comment).
+#[derive(Debug, Default, Clone)]
+pub struct Trie {
+    pub words: Vocab,
+    /// Separators between two words of a pattern, folded; the text's are whitespace-collapsed before lookup.
+    pub seps: Vocab,
+    /// Per separator byte: the id of that one-byte separator (`NONE`); ASCII whitespace maps to `" "`'s.
+    pub sep_byte: Vec<u32>,
+    /// Per word id: the node of the patterns starting with that word (no lead), or `NONE`.
+    pub root: Vec<u32>,
+    /// Per node `n` (plus one sentinel): `[outs, trails, children]`; node `n`'s groups are
+    /// `outs[nodes[n][0]..nodes[n + 1][0]]`, its trails `trails[nodes[n][1]..nodes[n + 1][1]]`, and `children`
+    /// says whether any edge leaves it.
+    pub nodes: Vec<[u32; 3]>,
+    /// Groups of the patterns ending at a node with no trail.
+    pub outs: Vec<u32>,
+    /// `(start, end, group)`: a pattern ending at the node with trail `trail_text[start..end]`.
+    pub trails: Vec<[u32; 3]>,
+    pub trail_text: Vec<u8>,
+    /// Edge table: `[key, child]`, key `node << 32 | sep << 21 | word` (never 0: node 0 has no edges here),
+    /// length a power of two, at most half full; 0 is an empty slot.
+    pub edges: Vec<[u64; 2]>,
+    /// `(start, end, node)`: the lead `lead_text[start..end]` and its root node.
+    pub leads: Vec<[u32; 3]>,
+    pub lead_text: Vec<u8>,
+    /// `(start, end, group)`: wordless patterns `pure_text[start..end]`.
+    pub pure: Vec<[u32; 3]>,
+    pub pure_text: Vec<u8>,
+}
+
+#[inline]
+fn edge_key(node: u32, sep: u32, word: u32) -> u64 {
+    (u64::from(node) << 32) | (u64::from(sep) << 21) | u64::from(word)
+}
+
+#[inline]
+fn edge_slot(key: u64, mask: usize) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask
+}
+
+impl Trie {
+    /// The child of `node` by separator `sep` then word `word`, or `NONE`.
+    #[inline]
+    pub fn child(&self, node: u32, sep: u32, word: u32) -> u32 {
+        let key = edge_key(node, sep, word);
+        let mask = self.edges.len() - 1;
+        let mut i = edge_slot(key, mask);
+        loop {
+            let [k, v] = self.edges[i];
+            if k == key {
+                return v as u32;
+            }
+            if k == 0 {
+                return NONE;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    pub fn outs(&self, node: u32) -> &[u32] {
+        let n = node as usize;
+        &self.outs[self.nodes[n][0] as usize..self.nodes[n + 1][0] as usize]
+    }
+
+    pub fn trails(&self, node: u32) -> &[[u32; 3]] {
+        let n = node as usize;
+        &self.trails[self.nodes[n][1] as usize..self.nodes[n + 1][1] as usize]
+    }
+
+    pub fn has_children(&self, node: u32) -> bool {
+        self.nodes[node as usize][2] != 0
+    }
+
+    /// The separator id of a text's separator already whitespace-collapsed.
+    #[inline]
+    pub fn sep_id(&self, collapsed: &[u8]) -> u32 {
+        match collapsed {
+            [b] => self.sep_byte[*b as usize],
+            _ => self.seps.get(collapsed),
+        }
+    }
+
+    /// Builds the trie of the marked, distinct patterns (`(marked, group)`).
+    fn build(patterns: &[(Vec<u8>, u32)]) -> Result<Trie, String> {
+        struct Pattern<'a> {
+            lead: &'a [u8],
+            words: Vec<&'a [u8]>,
+            seps: Vec<&'a [u8]>,
+            trail: &'a [u8],
+            group: u32,
+        }
+        let mut parsed = Vec::new();
+        let mut pure: Vec<(&[u8], u32)> = Vec::new();
+        for (m, group) in patterns {
+            let pieces: Vec<&[u8]> = m.split(|&b| b == BOUNDARY).collect();
+            if pieces.len() == 1 {
+                pure.push((pieces[0], *group));
+                continue;
+            }
+            // [lead, w1, s1, w2, ..., wk, trail]
+            let inner = &pieces[1..pieces.len() - 1];
+            parsed.push(Pattern {
+                lead: pieces[0],
+                words: inner.iter().step_by(2).copied().collect(),
+                seps: inner.iter().skip(1).step_by(2).copied().collect(),
+                trail: pieces[pieces.len() - 1],
+                group: *group,
+            });
+        }
+        let mut word_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut words: Vec<Vec<u8>> = Vec::new();
+        let mut sep_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut seps: Vec<Vec<u8>> = Vec::new();
+        for p in &parsed {
+            for w in &p.words {
+                word_ids.entry(w).or_insert_with(|| {
+                    words.push(w.to_vec());
+                    words.len() as u32 - 1
+                });
+            }
+            for s in &p.seps {
+                sep_ids.entry(s).or_insert_with(|| {
+                    seps.push(s.to_vec());
+                    seps.len() as u32 - 1
+                });
+            }
+        }
+        if words.len() as u32 >= MAX_WORDS || seps.len() as u32 >= LEAD_STEP {
+            return Err(format!("{} words and {} separators: more than the trie's keys hold", words.len(), seps.len()));
+        }
+        // Nodes: 0 is the root; lead roots next; then the others in order of creation.
+        let mut lead_of: HashMap<&[u8], u32> = HashMap::new();
+        let mut next = 1u32;
+        for p in &parsed {
+            if !p.lead.is_empty() {
+                lead_of.entry(p.lead).or_insert_with(|| {
+                    next += 1;
+                    next - 1
+                });
+            }
+        }
+        let mut root = vec![NONE; words.len()];
+        let mut edges: HashMap<u64, u32> = HashMap::new();
+        let mut outs: Vec<Vec<u32>> = Vec::new();
+        let mut trails: Vec<Vec<(&[u8], u32)>> = Vec::new();
+        for p in &parsed {
+            let first = word_ids[p.words[0]];
+            let mut node = if p.lead.is_empty() {
+                if root[first as usize] == NONE {
+                    root[first as usize] = next;
+                    next += 1;
+                }
+                root[first as usize]
+            } else {
+                *edges.entry(edge_key(lead_of[p.lead], LEAD_STEP, first)).or_insert_with(|| {
+                    next += 1;
+                    next - 1
+                })
+            };
+            for (s, w) in p.seps.iter().zip(&p.words[1..]) {
+                node = *edges.entry(edge_key(node, sep_ids[s], word_ids[w])).or_insert_with(|| {
+                    next += 1;
+                    next - 1
+                });
+            }
+            let n = node as usize;
+            if outs.len() <= n {
+                outs.resize(n + 1, Vec::new());
+                trails.resize(n + 1, Vec::new());
+            }
+            if p.trail.is_empty() {
+                outs[n].push(p.group);
+            } else {
+                trails[n].push((p.trail, p.group));
+            }
+        }
+        let count = next as usize;
+        outs.resize(count, Vec::new());
+        trails.resize(count, Vec::new());
+        let mut t = Trie { words: Vocab::build(&words), seps: Vocab::build(&seps), root, ..Trie::default() };
+        t.sep_byte =
+            (0..=255u8).map(|b| if b.is_ascii_whitespace() { t.seps.get(b" ") } else { t.seps.get(&[b]) }).collect();
+        let mut parents = vec![false; count];
+        for &k in edges.keys() {
+            parents[(k >> 32) as usize] = true;
+        }
+        for n in 0..count {
+            outs[n].sort_unstable();
+            trails[n].sort_unstable();
+            t.nodes.push([t.outs.len() as u32, t.trails.len() as u32, u32::from(parents[n])]);
+            t.outs.extend_from_slice(&outs[n]);
+            for &(trail, group) in &trails[n] {
+                let start = t.trail_text.len() as u32;
+                t.trail_text.extend_from_slice(trail);
+                t.trails.push([start, t.trail_text.len() as u32, group]);
+            }
+        }
+        t.nodes.push([t.outs.len() as u32, t.trails.len() as u32, 0]);
+        let size = (edges.len() * 2).next_power_of_two().max(16);
+        t.edges = vec![[0, 0]; size];
+        let mut sorted: Vec<(u64, u32)> = edges.into_iter().collect();
+        sorted.sort_unstable();
+        for (key, child) in sorted {
+            let mut i = edge_slot(key, size - 1);
+            while t.edges[i][0] != 0 {
+                i = (i + 1) & (size - 1);
+            }
+            t.edges[i] = [key, u64::from(child)];
+        }
+        let mut leads: Vec<(&[u8], u32)> = lead_of.into_iter().collect();
+        leads.sort_unstable();
+        for (lead, node) in leads {
+            let start = t.lead_text.len() as u32;
+            t.lead_text.extend_from_slice(lead);
+            t.leads.push([start, t.lead_text.len() as u32, node]);
+        }
+        pure.sort_unstable();
+        for (p, group) in pure {
+            let start = t.pure_text.len() as u32;
+            t.pure_text.extend_from_slice(p);
+            t.pure.push([start, t.pure_text.len() as u32, group]);
+        }
+        Ok(t)
+    }
+
+    fn check(&self, groups: usize) -> bool {
+        let nodes = self.nodes.len().saturating_sub(1) as u32;
+        let spans_ok = |list: &[[u32; 3]], text: &[u8], target: usize| {
+            list.iter().all(|&[a, b, x]| a <= b && b as usize <= text.len() && (x as usize) < target)
+        };
+        self.words.check()
+            && self.seps.check()
+            && self.sep_byte.len() == 256
+            && self.sep_byte.iter().all(|&s| s == NONE || (s as usize) < self.seps.len())
+            && self.root.len() == self.words.len()
+            && self.root.iter().all(|&n| n == NONE || n < nodes)
+            && !self.nodes.is_empty()
+            && self.nodes.windows(2).all(|w| w[0][0] <= w[1][0] && w[0][1] <= w[1][1])
+            && self.nodes.last().is_some_and(|l| l[0] as usize == self.outs.len() && l[1] as usize == self.trails.len())
+            && self.outs.iter().all(|&g| (g as usize) < groups)
+            && spans_ok(&self.trails, &self.trail_text, groups)
+            && spans_ok(&self.leads, &self.lead_text, nodes as usize)
+            && spans_ok(&self.pure, &self.pure_text, groups)
+            && self.edges.len().is_power_of_two()
+            && self.edges.iter().any(|e| e[0] == 0)
+            && self.edges.iter().all(|&[k, v]| k == 0 || ((k >> 32) < u64::from(nodes) && v < u64::from(nodes)))
+    }
+}
+
+/// The trie over the marked phrases and the phrase groups.
 pub struct Compiled {
-    pub automaton: DoubleArrayAhoCorasick<u32>,
+    pub trie: Trie,
     /// Group `g` holds `group_phrases[group_start[g]..group_start[g + 1]]`.
     pub group_start: Vec<u32>,
     pub group_phrases: Vec<u32>,
@@ -76,7 +453,7 @@ pub fn fingerprint<'a>(phrases: impl IntoIterator<Item = &'a str>) -> u64 {
 
 /// Compiles the phrases (empty phrases never match and get no pattern).
 pub fn compile(phrases: &[&str]) -> Result<Compiled, String> {
-    let mut group_of: std::collections::HashMap<Vec<u8>, u32> = std::collections::HashMap::new();
+    let mut group_of: HashMap<Vec<u8>, u32> = HashMap::new();
     let mut members: Vec<Vec<u32>> = Vec::new();
     let mut patterns: Vec<(Vec<u8>, u32)> = Vec::new();
     let mut count = 0u32;
@@ -93,10 +470,7 @@ pub fn compile(phrases: &[&str]) -> Result<Compiled, String> {
         });
         members[g as usize].push(i as u32);
     }
-    let automaton = DoubleArrayAhoCorasickBuilder::new()
-        .match_kind(MatchKind::Standard)
-        .build_with_values(patterns)
-        .map_err(|e| format!("phrase automaton: {e}"))?;
+    let trie = Trie::build(&patterns).map_err(|e| format!("phrase trie: {e}"))?;
     let mut group_start = Vec::with_capacity(members.len() + 1);
     let mut group_phrases = Vec::with_capacity(count as usize);
     for m in &members {
@@ -104,13 +478,70 @@ pub fn compile(phrases: &[&str]) -> Result<Compiled, String> {
         group_phrases.extend_from_slice(m);
     }
     group_start.push(group_phrases.len() as u32);
-    Ok(Compiled {
-        automaton,
-        group_start,
-        group_phrases,
-        phrases: count,
-        fingerprint: fingerprint(phrases.iter().copied()),
-    })
+    Ok(Compiled { trie, group_start, group_phrases, phrases: count, fingerprint: fingerprint(phrases.iter().copied()) })
+}
+
+/// Little-endian writer and reader of the compiled form's lists.
+trait Item: Copy {
+    const SIZE: usize;
+    fn put(self, out: &mut Vec<u8>);
+    fn get(b: &[u8]) -> Self;
+}
+
+impl Item for u8 {
+    const SIZE: usize = 1;
+    fn put(self, out: &mut Vec<u8>) {
+        out.push(self);
+    }
+    fn get(b: &[u8]) -> Self {
+        b[0]
+    }
+}
+
+impl Item for u32 {
+    const SIZE: usize = 4;
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(b: &[u8]) -> Self {
+        u32::from_le_bytes(b.try_into().expect("4 bytes"))
+    }
+}
+
+impl Item for u64 {
+    const SIZE: usize = 8;
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(b: &[u8]) -> Self {
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
+    }
+}
+
+impl<T: Item, const N: usize> Item for [T; N] {
+    const SIZE: usize = T::SIZE * N;
+    fn put(self, out: &mut Vec<u8>) {
+        for x in self {
+            x.put(out);
+        }
+    }
+    fn get(b: &[u8]) -> Self {
+        std::array::from_fn(|i| T::get(&b[i * T::SIZE..(i + 1) * T::SIZE]))
+    }
+}
+
+fn put_list<T: Item>(out: &mut Vec<u8>, list: &[T]) {
+    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+    for &x in list {
+        x.put(out);
+    }
+}
+
+fn take_list<T: Item>(b: &[u8]) -> Option<(Vec<T>, &[u8])> {
+    let (n, rest) = b.split_at_checked(4)?;
+    let n = u32::from_le_bytes(n.try_into().ok()?) as usize;
+    let (body, rest) = rest.split_at_checked(n.checked_mul(T::SIZE)?)?;
+    Some((body.chunks_exact(T::SIZE).map(T::get).collect(), rest))
 }
 
 impl Compiled {
@@ -118,39 +549,75 @@ impl Compiled {
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&self.phrases.to_le_bytes());
         out.extend_from_slice(&self.fingerprint.to_le_bytes());
-        for list in [&self.group_start, &self.group_phrases] {
-            out.extend_from_slice(&(list.len() as u32).to_le_bytes());
-            for v in list.iter() {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
+        put_list(&mut out, &self.group_start);
+        put_list(&mut out, &self.group_phrases);
+        let t = &self.trie;
+        for v in [&t.words, &t.seps] {
+            put_list(&mut out, &v.slots);
+            put_list(&mut out, &v.ends);
+            put_list(&mut out, &v.text);
         }
-        out.extend_from_slice(&self.automaton.serialize());
+        put_list(&mut out, &t.sep_byte);
+        put_list(&mut out, &t.root);
+        put_list(&mut out, &t.nodes);
+        put_list(&mut out, &t.outs);
+        put_list(&mut out, &t.trails);
+        put_list(&mut out, &t.trail_text);
+        put_list(&mut out, &t.edges);
+        put_list(&mut out, &t.leads);
+        put_list(&mut out, &t.lead_text);
+        put_list(&mut out, &t.pure);
+        put_list(&mut out, &t.pure_text);
         out
     }
 
-    /// Reads a compiled form, checking its structure (group bounds, automaton layout); whether it was built from
-    /// the caller's phrases is the caller's check (`phrases`, `fingerprint`).
+    /// Reads a compiled form, checking its structure (bounds of every index); whether it was built from the
+    /// caller's phrases is the caller's check (`phrases`, `fingerprint`).
     pub fn from_bytes(bytes: &[u8]) -> Result<Compiled, String> {
-        let bad = |what: &str| format!("compiled phrase automaton: {what}");
+        let bad = |what: &str| format!("compiled phrase matcher: {what}");
         let rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| bad("wrong header"))?;
-        let (phrases, rest) = take_u32(rest).ok_or_else(|| bad("truncated"))?;
+        let (phrases, rest) = rest.split_at_checked(4).ok_or_else(|| bad("truncated"))?;
+        let phrases = u32::from_le_bytes(phrases.try_into().expect("4 bytes"));
         let (fp, rest) = rest.split_at_checked(8).ok_or_else(|| bad("truncated"))?;
         let fingerprint = u64::from_le_bytes(fp.try_into().expect("8 bytes"));
-        let (group_start, rest) = take_list(rest).ok_or_else(|| bad("truncated groups"))?;
-        let (group_phrases, rest) = take_list(rest).ok_or_else(|| bad("truncated groups"))?;
-        let (automaton, rest) =
-            DoubleArrayAhoCorasick::<u32>::deserialize(rest).map_err(|e| bad(&format!("automaton: {e}")))?;
+        let mut rest = rest;
+        macro_rules! take {
+            () => {{
+                let (list, r) = take_list(rest).ok_or_else(|| bad("truncated"))?;
+                rest = r;
+                list
+            }};
+        }
+        let group_start: Vec<u32> = take!();
+        let group_phrases: Vec<u32> = take!();
+        let words = Vocab { slots: take!(), ends: take!(), text: take!() };
+        let seps = Vocab { slots: take!(), ends: take!(), text: take!() };
+        let trie = Trie {
+            words,
+            seps,
+            sep_byte: take!(),
+            root: take!(),
+            nodes: take!(),
+            outs: take!(),
+            trails: take!(),
+            trail_text: take!(),
+            edges: take!(),
+            leads: take!(),
+            lead_text: take!(),
+            pure: take!(),
+            pure_text: take!(),
+        };
         let groups_whole = group_start.first() == Some(&0)
             && group_start.windows(2).all(|w| w[0] <= w[1])
             && group_start.last().map(|&l| l as usize) == Some(group_phrases.len())
             && group_phrases.iter().all(|&p| p < phrases);
-        if !rest.is_empty() || !groups_whole {
-            return Err(bad("inconsistent groups"));
+        if !rest.is_empty() || !groups_whole || !trie.check(group_start.len() - 1) {
+            return Err(bad("inconsistent structure"));
         }
-        Ok(Compiled { automaton, group_start, group_phrases, phrases, fingerprint })
+        Ok(Compiled { trie, group_start, group_phrases, phrases, fingerprint })
     }
 
-    /// The phrase indexes of an automaton match (by the match's value).
+    /// The phrase indexes of a pattern group.
     pub fn group(&self, g: u32) -> &[u32] {
         let g = g as usize;
         match (self.group_start.get(g), self.group_start.get(g + 1)) {
@@ -158,15 +625,4 @@ impl Compiled {
             _ => &[],
         }
     }
-}
-
-fn take_u32(b: &[u8]) -> Option<(u32, &[u8])> {
-    let (v, rest) = b.split_at_checked(4)?;
-    Some((u32::from_le_bytes(v.try_into().ok()?), rest))
-}
-
-fn take_list(b: &[u8]) -> Option<(Vec<u32>, &[u8])> {
-    let (n, rest) = take_u32(b)?;
-    let (body, rest) = rest.split_at_checked(n as usize * 4)?;
-    Some((body.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(), rest))
 }

@@ -1,16 +1,17 @@
-//! A phrase matcher: one Aho-Corasick automaton (daachorse's double array) over many phrases, ASCII case folding,
-//! word boundaries, and longest-leftmost non-overlapping selection. Built once, shared read-only across threads.
-//! The built-in lexicon's automaton is compiled at build time (`compile`, `build.rs`) and loaded at start
+//! A phrase matcher: a trie over the words of many phrases (`compile::Trie`), ASCII case folding, word
+//! boundaries, and longest-leftmost non-overlapping selection. Built once, shared read-only across threads.
+//! The built-in lexicon's trie is compiled at build time (`compile`, `build.rs`) and loaded at start
 //! (`from_compiled`); small phrase lists are compiled on the spot (`new`).
 //!
 //! A phrase marked case-sensitive (abbreviations such as `MS` or `PE`) matches only when the text has exactly
 //! its case. Boundaries: the characters just before and after a match must not be letters or digits (so `pain`
 //! does not match inside `painful`, and `no` does not match inside `nose`); a phrase that starts or ends with
-//! another character needs no boundary there. The automaton enforces them itself: its patterns and the searched
-//! text carry a boundary mark wherever a word character meets a non-word one (`compile::marked`, `prepare`), so
-//! every match it reports is a match here. Runs of ASCII whitespace in the text match one space of a phrase.
+//! another character needs no boundary there. Runs of ASCII whitespace in the text match one space of a phrase.
+//! The search reads the text as the trie holds phrases: its words (maximal runs of letters and digits) and the
+//! separators between them; a walk starts at every word the trie knows and follows (separator, word) steps, so
+//! every match it reports respects the boundaries by construction.
 
-use super::compile::{self, BOUNDARY, Compiled, is_word_char};
+use super::compile::{self, Compiled, NONE, is_word_char};
 
 /// One occurrence of a phrase: byte span in the searched text and the phrase's index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub struct PhraseMatcher {
     compiled: Compiled,
     /// Per phrase: the exact bytes to compare when the phrase is case-sensitive.
     exact: Vec<Option<Box<[u8]>>>,
+    /// Per byte: whether some lead separator ends with it (ASCII whitespace as a space).
+    lead_last: [bool; 256],
 }
 
 impl std::fmt::Debug for PhraseMatcher {
@@ -37,11 +40,22 @@ fn exact_of<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)>) -> Vec<Optio
 }
 
 impl PhraseMatcher {
+    fn with(compiled: Compiled, exact: Vec<Option<Box<[u8]>>>) -> Self {
+        let mut lead_last = [false; 256];
+        let t = &compiled.trie;
+        for &[a, b, _] in &t.leads {
+            if let Some(&last) = t.lead_text[a as usize..b as usize].last() {
+                lead_last[last as usize] = true;
+            }
+        }
+        Self { compiled, exact, lead_last }
+    }
+
     /// `phrases`: (text, case_sensitive). Phrase indexes are positions in this list.
     pub fn new<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)> + Clone) -> Result<Self, super::LexiconError> {
         let texts: Vec<&str> = phrases.clone().into_iter().map(|(t, _)| t).collect();
         let compiled = compile::compile(&texts).map_err(super::LexiconError)?;
-        Ok(Self { compiled, exact: exact_of(phrases) })
+        Ok(Self::with(compiled, exact_of(phrases)))
     }
 
     /// Loads a compiled form (`compile::Compiled::to_bytes`) of these very phrases: a form compiled from other
@@ -55,12 +69,12 @@ impl PhraseMatcher {
         let fingerprint = compile::fingerprint(phrases.into_iter().map(|(t, _)| t));
         if compiled.phrases as usize != exact.len() || compiled.fingerprint != fingerprint {
             return Err(super::LexiconError(format!(
-                "the compiled phrase automaton holds {} other phrases than the {} given (rebuild)",
+                "the compiled phrase matcher holds {} other phrases than the {} given (rebuild)",
                 compiled.phrases,
                 exact.len()
             )));
         }
-        Ok(Self { compiled, exact })
+        Ok(Self::with(compiled, exact))
     }
 
     pub fn len(&self) -> usize {
@@ -78,34 +92,157 @@ impl PhraseMatcher {
         find_all_of(&[(self, 0)], text)
     }
 
-    fn push_prepared(&self, text: &str, prepared: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
-        let (bytes, origin) = (prepared.bytes.as_slice(), prepared.origin.as_slice());
-        for m in self.compiled.automaton.find_overlapping_iter(bytes) {
-            let (s, e) = (m.start(), m.end());
-            // A boundary mark stands for the position of the character after it.
-            let start = origin[s] as usize;
-            let end = if bytes[e - 1] == BOUNDARY { origin[e - 1] as usize } else { origin[e - 1] as usize + 1 };
-            for &id in self.compiled.group(m.value()) {
-                if let Some(exact) = &self.exact[id as usize]
-                    && !same_but_spaces(&text.as_bytes()[start..end], exact)
-                {
-                    continue;
+    /// The group's phrases found at `start..end`, the case-sensitive ones only where the text has their case.
+    #[inline]
+    fn emit(&self, text: &str, start: usize, end: usize, group: u32, offset: u32, out: &mut Vec<PhraseMatch>) {
+        for &id in self.compiled.group(group) {
+            if let Some(exact) = &self.exact[id as usize]
+                && !same_but_spaces(&text.as_bytes()[start..end], exact)
+            {
+                continue;
+            }
+            out.push(PhraseMatch { start, end, phrase: id + offset });
+        }
+    }
+
+    fn push_prepared(&self, text: &str, p: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
+        let t = &self.compiled.trie;
+        let src = text.as_bytes();
+        let ids: Vec<u32> = p.words.iter().map(|&(a, b)| t.words.get_at(&p.folded, a as usize, b as usize)).collect();
+        let walk = |mut node: u32, mut j: usize, start: usize, out: &mut Vec<PhraseMatch>| loop {
+            let end = p.words[j].1 as usize;
+            for &g in t.outs(node) {
+                self.emit(text, start, end, g, offset, out);
+            }
+            for &[a, b, g] in t.trails(node) {
+                let after = &src[end..p.words.get(j + 1).map_or(src.len(), |w| w.0 as usize)];
+                if let Some(e) = collapsed_prefix_end(after, &t.trail_text[a as usize..b as usize]) {
+                    self.emit(text, start, end + e, g, offset, out);
                 }
-                out.push(PhraseMatch { start, end, phrase: id + offset });
+            }
+            if !t.has_children(node) || j + 1 >= ids.len() || ids[j + 1] == NONE {
+                return;
+            }
+            let sep = sep_id(t, &src[end..p.words[j + 1].0 as usize]);
+            if sep == NONE {
+                return;
+            }
+            node = t.child(node, sep, ids[j + 1]);
+            if node == NONE {
+                return;
+            }
+            j += 1;
+        };
+        for (j, &w) in ids.iter().enumerate() {
+            let start = p.words[j].0 as usize;
+            if w != NONE {
+                let node = t.root[w as usize];
+                if node != NONE {
+                    walk(node, j, start, out);
+                }
+            }
+            if w == NONE || t.leads.is_empty() {
+                continue;
+            }
+            let before_from = if j == 0 { 0 } else { p.words[j - 1].1 as usize };
+            let before = &src[before_from..start];
+            let Some(&last) = before.last() else { continue };
+            if !self.lead_last[if last.is_ascii_whitespace() { b' ' } else { last } as usize] {
+                continue;
+            }
+            for &[a, b, lead_node] in &t.leads {
+                if let Some(s) = collapsed_suffix_start(before, &t.lead_text[a as usize..b as usize]) {
+                    let node = t.child(lead_node, compile::LEAD_STEP, w);
+                    if node != NONE {
+                        walk(node, j, before_from + s, out);
+                    }
+                }
+            }
+        }
+        if !t.pure.is_empty() {
+            self.push_pure(text, p, offset, out);
+        }
+    }
+
+    /// Wordless phrases: anywhere inside a separator (before the first word, between words, after the last).
+    fn push_pure(&self, text: &str, p: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
+        let t = &self.compiled.trie;
+        let src = text.as_bytes();
+        let mut bounds = vec![0];
+        for &(a, b) in &p.words {
+            bounds.extend([a as usize, b as usize]);
+        }
+        bounds.push(src.len());
+        for run in bounds.chunks_exact(2) {
+            let (from, to) = (run[0], run[1]);
+            let (mut collapsed, mut origin) = (Vec::new(), Vec::new());
+            let mut i = from;
+            while i < to {
+                origin.push(i);
+                if src[i].is_ascii_whitespace() {
+                    collapsed.push(b' ');
+                    while i < to && src[i].is_ascii_whitespace() {
+                        i += 1;
+                    }
+                } else {
+                    collapsed.push(src[i]);
+                    i += 1;
+                }
+            }
+            for &[a, b, g] in &t.pure {
+                let pat = &t.pure_text[a as usize..b as usize];
+                for q in 0..collapsed.len().saturating_sub(pat.len().saturating_sub(1)) {
+                    if !pat.is_empty() && collapsed[q..].starts_with(pat) {
+                        self.emit(text, origin[q], origin[q + pat.len() - 1] + 1, g, offset, out);
+                    }
+                }
             }
         }
     }
 
     /// The phrases whose folded text is the whole of `text` folded (no boundary or case rules: the caller
-    /// compares texts).
+    /// compares texts; whitespace is not collapsed).
     pub fn exact(&self, text: &str) -> Vec<u32> {
+        let t = &self.compiled.trie;
         let marked = compile::marked(text);
-        self.compiled
-            .automaton
-            .find_overlapping_iter(&marked)
-            .filter(|m| m.start() == 0 && m.end() == marked.len())
-            .flat_map(|m| self.compiled.group(m.value()).iter().copied())
-            .collect()
+        let pieces: Vec<&[u8]> = marked.split(|&b| b == compile::BOUNDARY).collect();
+        let groups: Vec<u32> = if pieces.len() == 1 {
+            t.pure
+                .iter()
+                .filter(|&&[a, b, _]| &t.pure_text[a as usize..b as usize] == pieces[0])
+                .map(|x| x[2])
+                .collect()
+        } else {
+            let (lead, trail) = (pieces[0], pieces[pieces.len() - 1]);
+            let inner = &pieces[1..pieces.len() - 1];
+            let first = t.words.get(inner[0]);
+            let mut node = if first == NONE {
+                NONE
+            } else if lead.is_empty() {
+                t.root[first as usize]
+            } else {
+                t.leads
+                    .iter()
+                    .find(|&&[a, b, _]| &t.lead_text[a as usize..b as usize] == lead)
+                    .map_or(NONE, |&[_, _, n]| t.child(n, compile::LEAD_STEP, first))
+            };
+            for step in inner[1..].chunks_exact(2) {
+                if node == NONE {
+                    break;
+                }
+                let (sep, word) = (t.seps.get(step[0]), t.words.get(step[1]));
+                node = if sep == NONE || word == NONE { NONE } else { t.child(node, sep, word) };
+            }
+            if node == NONE {
+                Vec::new()
+            } else if trail.is_empty() {
+                t.outs(node).to_vec()
+            } else {
+                let same = |&&[a, b, _]: &&[u32; 3]| &t.trail_text[a as usize..b as usize] == trail;
+                t.trails(node).iter().filter(same).map(|x| x[2]).collect()
+            }
+        };
+        groups.into_iter().flat_map(|g| self.compiled.group(g).iter().copied()).collect()
     }
 
     /// Non-overlapping occurrences: leftmost first, longest at a position.
@@ -115,7 +252,7 @@ impl PhraseMatcher {
 }
 
 /// `find_all` over several matchers at once, as if they were one over the concatenation of their phrase lists:
-/// each `(matcher, offset)` adds `offset` to its phrase indexes. The text is prepared (folded, marked) once.
+/// each `(matcher, offset)` adds `offset` to its phrase indexes. The text is prepared (folded, split) once.
 pub fn find_all_of(matchers: &[(&PhraseMatcher, u32)], text: &str) -> Vec<PhraseMatch> {
     let mut out = Vec::new();
     let prepared = prepare(text);
@@ -126,20 +263,66 @@ pub fn find_all_of(matchers: &[(&PhraseMatcher, u32)], text: &str) -> Vec<Phrase
     out
 }
 
-/// A text as the automaton searches it, and where each of its bytes came from.
+/// A text as the trie reads it.
 struct Prepared {
-    /// ASCII case folded, each run of ASCII whitespace one space, `BOUNDARY` wherever a word character meets a
-    /// non-word one (and before a leading, after a trailing word character): the rule of `compile::marked`.
-    bytes: Vec<u8>,
-    /// Per byte of `bytes`: its offset in the text; for a boundary mark, the offset of the character after it.
-    origin: Vec<u32>,
+    /// The text, ASCII case folded (same offsets), then 8 zero bytes (`Vocab::get_at` reads 8 at a time).
+    folded: Vec<u8>,
+    /// Its words: maximal runs of letters and digits, as byte spans.
+    words: Vec<(u32, u32)>,
 }
 
 fn prepare(text: &str) -> Prepared {
     let src = text.as_bytes();
-    let cap = src.len() + src.len() / 3 + 2;
-    let (mut bytes, mut origin) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
-    let mut word = false;
+    let mut words = Vec::with_capacity(src.len() / 5);
+    if text.is_ascii() {
+        ascii_words(src, &mut words);
+    } else {
+        unicode_words(text, &mut words);
+    }
+    let mut folded = Vec::with_capacity(src.len() + 8);
+    folded.extend(src.iter().map(u8::to_ascii_lowercase));
+    folded.extend_from_slice(&[0; 8]);
+    Prepared { folded, words }
+}
+
+/// The words of an ASCII text, 64 bytes at a time: a mask of its letters and digits, whose rising and falling
+/// edges are the words' starts and ends (no branch per byte).
+fn ascii_words(src: &[u8], words: &mut Vec<(u32, u32)>) {
+    let (mut carry, mut open, mut in_word) = (0u64, 0u32, false);
+    for (n, chunk) in src.chunks(64).enumerate() {
+        let mut mask = 0u64;
+        for (k, &b) in chunk.iter().enumerate() {
+            let alnum = (b | 0x20).wrapping_sub(b'a') < 26 || b.wrapping_sub(b'0') < 10;
+            mask |= u64::from(alnum) << k;
+        }
+        let before = (mask << 1) | carry;
+        let (mut starts, mut ends) = (mask & !before, !mask & before);
+        let base = (n * 64) as u32;
+        loop {
+            let edges = if in_word { &mut ends } else { &mut starts };
+            if *edges == 0 {
+                break;
+            }
+            let at = base + edges.trailing_zeros();
+            *edges &= *edges - 1;
+            if in_word {
+                words.push((open, at));
+            } else {
+                open = at;
+            }
+            in_word = !in_word;
+        }
+        carry = mask >> 63;
+    }
+    if in_word {
+        words.push((open, src.len() as u32));
+    }
+}
+
+/// The words of any text, char by char.
+fn unicode_words(text: &str, words: &mut Vec<(u32, u32)>) {
+    let src = text.as_bytes();
+    let mut start = None;
     let mut i = 0;
     while i < src.len() {
         let b = src[i];
@@ -149,31 +332,104 @@ fn prepare(text: &str) -> Prepared {
             let c = text[i..].chars().next().expect("a char starts here");
             (is_word_char(c), c.len_utf8())
         };
-        if w != word {
-            bytes.push(BOUNDARY);
-            origin.push(i as u32);
-            word = w;
-        }
-        if b.is_ascii_whitespace() {
-            bytes.push(b' ');
-            origin.push(i as u32);
-            i += 1;
-            while i < src.len() && src[i].is_ascii_whitespace() {
-                i += 1;
+        match (w, start) {
+            (true, None) => start = Some(i as u32),
+            (false, Some(s)) => {
+                words.push((s, i as u32));
+                start = None;
             }
-            continue;
-        }
-        for (k, &c) in src[i..i + len].iter().enumerate() {
-            bytes.push(c.to_ascii_lowercase());
-            origin.push((i + k) as u32);
+            _ => {}
         }
         i += len;
     }
-    if word {
-        bytes.push(BOUNDARY);
-        origin.push(src.len() as u32);
+    if let Some(s) = start {
+        words.push((s, src.len() as u32));
     }
-    Prepared { bytes, origin }
+}
+
+/// The id of a text's separator, whitespace runs collapsed to one space.
+#[inline]
+fn sep_id(t: &compile::Trie, sep: &[u8]) -> u32 {
+    if let [b] = sep {
+        return t.sep_byte[*b as usize];
+    }
+    let mut buf = [0u8; 32];
+    if sep.len() <= buf.len() {
+        let n = collapse_into(sep, |i, b| buf[i] = b);
+        t.sep_id(&buf[..n])
+    } else {
+        let mut long = Vec::with_capacity(sep.len());
+        collapse_into(sep, |_, b| long.push(b));
+        t.sep_id(&long)
+    }
+}
+
+/// Writes `sep` with each whitespace run as one space through `put(index, byte)`; returns the length written.
+#[inline]
+fn collapse_into(sep: &[u8], mut put: impl FnMut(usize, u8)) -> usize {
+    let (mut i, mut n) = (0, 0);
+    while i < sep.len() {
+        if sep[i].is_ascii_whitespace() {
+            put(n, b' ');
+            while i < sep.len() && sep[i].is_ascii_whitespace() {
+                i += 1;
+            }
+        } else {
+            put(n, sep[i]);
+            i += 1;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Where a prefix of `run` (whitespace collapsed) spelling `trail` ends in `run`: after the last matched byte, a
+/// whitespace run counting as its first byte.
+fn collapsed_prefix_end(run: &[u8], trail: &[u8]) -> Option<usize> {
+    let (mut i, mut end) = (0, 0);
+    for &c in trail {
+        let &b = run.get(i)?;
+        if b.is_ascii_whitespace() {
+            if c != b' ' {
+                return None;
+            }
+            end = i + 1;
+            while i < run.len() && run[i].is_ascii_whitespace() {
+                i += 1;
+            }
+        } else {
+            if c != b {
+                return None;
+            }
+            i += 1;
+            end = i;
+        }
+    }
+    Some(end)
+}
+
+/// Where a suffix of `run` (whitespace collapsed) spelling `lead` starts in `run`.
+fn collapsed_suffix_start(run: &[u8], lead: &[u8]) -> Option<usize> {
+    let mut i = run.len();
+    for &c in lead.iter().rev() {
+        if i == 0 {
+            return None;
+        }
+        if run[i - 1].is_ascii_whitespace() {
+            if c != b' ' {
+                return None;
+            }
+            while i > 0 && run[i - 1].is_ascii_whitespace() {
+                i -= 1;
+            }
+        } else {
+            if c != run[i - 1] {
+                return None;
+            }
+            i -= 1;
+        }
+    }
+    Some(i)
 }
 
 /// Whether `text` equals `phrase` byte for byte, a run of ASCII whitespace in `text` standing for one space.
@@ -255,7 +511,7 @@ mod tests {
     }
 
     #[test]
-    fn the_marked_automaton_finds_what_the_rules_say() {
+    fn the_word_trie_finds_what_the_rules_say() {
         let phrases: Vec<(&str, bool)> = vec![
             ("pain", false),
             ("chest pain", false),
@@ -272,6 +528,12 @@ mod tests {
             ("x ", false),
             ("a-b", false),
             ("", false),
+            // Wordless phrases match inside a separator; a tab in a phrase never matches (the text's whitespace
+            // runs are one space).
+            ("+)", false),
+            ("- ", false),
+            (" (", false),
+            ("a\tb", false),
         ];
         let m = PhraseMatcher::new(phrases.iter().copied()).unwrap();
         let fixed = [
@@ -298,7 +560,8 @@ mod tests {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            for _ in 0..(state % 40) {
+            // Up to 150 characters: the ASCII word split works 64 bytes at a time.
+            for _ in 0..(state % 150) {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
@@ -314,6 +577,42 @@ mod tests {
         }
         assert_eq!(m.exact("Chest Pain"), vec![1]);
         assert!(m.exact("chest  pain").is_empty() && m.exact("pain ").is_empty());
+        // Leads, trails, wordless phrases; no whitespace collapse in `exact`.
+        assert_eq!(m.exact("(+)-X"), vec![5]);
+        assert_eq!(m.exact("x "), vec![12]);
+        assert_eq!(m.exact("ms"), vec![3]);
+        assert_eq!(m.exact("+)"), vec![15]);
+        assert_eq!(m.exact("a\tb"), vec![18]);
+        assert!(m.exact("a b").is_empty() && m.exact("(+)-").is_empty() && m.exact("x").is_empty());
+    }
+
+    /// The 64-byte ASCII word split finds the words the char-by-char one finds, words across chunk edges included.
+    #[test]
+    fn the_ascii_word_split_agrees_with_the_char_by_char_one() {
+        let alphabet = b"aZ9 .-\n\t(_";
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0..400 {
+            let text: String = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    alphabet[(state % alphabet.len() as u64) as usize] as char
+                })
+                .collect();
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            ascii_words(text.as_bytes(), &mut fast);
+            unicode_words(&text, &mut slow);
+            assert_eq!(fast, slow, "{text:?}");
+        }
+        // Words ending and starting exactly at a chunk edge.
+        for cut in [63, 64, 65, 127, 128] {
+            let text = format!("{}{}", "a".repeat(cut), " b".repeat(40));
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            ascii_words(text.as_bytes(), &mut fast);
+            unicode_words(&text, &mut slow);
+            assert_eq!(fast, slow, "{cut}");
+        }
     }
 
     #[test]

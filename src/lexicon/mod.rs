@@ -2,9 +2,9 @@
 //!
 //! The lexicon (`data/lexicon/`, built by `tools/build_lexicon.py` from open vocabularies, compiled into the
 //! binary) maps terms to canonical concepts of six kinds. `Lexicon::builtin()` loads it once per process with the
-//! automaton over every term that `build.rs` compiled from the same file (so start-up reads it instead of building
+//! trie over every term that `build.rs` compiled from the same file (so start-up reads it instead of building
 //! it); callers add their own terms (CLEAR variable synonyms) with `Lexicon::with_extra`, which compiles a second,
-//! small automaton over those terms only and searches both.
+//! small trie over those terms only and searches both.
 //! Matching: ASCII case folding except for abbreviations (case-sensitive), word boundaries, whitespace runs
 //! tolerated, longest-leftmost non-overlapping.
 
@@ -30,8 +30,8 @@ pub struct LexiconError(pub String);
 const CONCEPTS_TSV: &str = include_str!("../../data/lexicon/concepts.tsv");
 const TERMS_TSV: &str = include_str!("../../data/lexicon/terms.tsv");
 const VERSION: &str = include_str!("../../data/lexicon/VERSION");
-/// `TERMS_TSV`'s phrase automaton, compiled by `build.rs` (`compile::Compiled::to_bytes`).
-const COMPILED_TERMS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lexicon-terms.automaton"));
+/// `TERMS_TSV`'s phrase trie, compiled by `build.rs` (`compile::Compiled::to_bytes`).
+const COMPILED_TERMS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lexicon-terms.trie"));
 
 /// A canonical concept: id (`DOID:…`, `MESH:…`, `SYMP:…`, `CS:…`), kind, preferred term, source codes.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -78,7 +78,7 @@ struct Base {
     /// (term, case_sensitive) of each matcher phrase, and its concept.
     terms: TermTexts,
     term_concept: Vec<u32>,
-    /// The matcher over `terms`: loaded from the build-time automaton for the built-in lexicon, otherwise built on
+    /// The matcher over `terms`: loaded from the build-time trie for the built-in lexicon, otherwise built on
     /// first use.
     matcher: OnceLock<Result<PhraseMatcher, LexiconError>>,
 }
@@ -106,13 +106,13 @@ pub struct ExtraTerm {
 }
 
 impl Lexicon {
-    /// The built-in lexicon, parsed once per process, with the automaton `build.rs` compiled from the same terms.
+    /// The built-in lexicon, parsed once per process, with the trie `build.rs` compiled from the same terms.
     pub fn builtin() -> Arc<Lexicon> {
         static LEX: OnceLock<Arc<Lexicon>> = OnceLock::new();
         LEX.get_or_init(|| {
             let lexicon = Lexicon::parse(CONCEPTS_TSV, TERMS_TSV, VERSION.trim()).expect("built-in lexicon");
             let matcher = PhraseMatcher::from_compiled(COMPILED_TERMS, lexicon.base.terms.iter())
-                .expect("the build-time automaton of the built-in lexicon");
+                .expect("the build-time trie of the built-in lexicon");
             let _ = lexicon.base.matcher.set(Ok(matcher));
             Arc::new(lexicon)
         })
@@ -182,7 +182,7 @@ impl Lexicon {
     }
 
     /// A lexicon with extra terms (variable synonyms) on top of this one's; new concept ids become new concepts.
-    /// The parsed base is shared, not copied, and its automaton is reused: only the extra terms are compiled.
+    /// The parsed base is shared, not copied, and its trie is reused: only the extra terms are compiled.
     pub fn with_extra(&self, extra: &[ExtraTerm]) -> Result<Self, LexiconError> {
         self.base.matcher()?;
         let mut out = Self {
@@ -269,7 +269,7 @@ impl Lexicon {
         base.chain(self.extra_terms.iter().zip(&self.extra_term_concept).map(|((t, _), c)| (t.as_str(), *c)))
     }
 
-    /// Builds the automaton now (it is otherwise built on first use); reports a build failure.
+    /// Builds the trie now (it is otherwise built on first use); reports a build failure.
     pub fn warm(&self) -> Result<(), LexiconError> {
         self.base.matcher().map(|_| ())
     }
@@ -399,10 +399,10 @@ mod tests {
         );
     }
 
-    /// The automaton compiled at build time finds exactly what one compiled now from the same terms finds, and a
+    /// The trie compiled at build time finds exactly what one compiled now from the same terms finds, and a
     /// compiled form of other phrases (or a damaged one) is refused.
     #[test]
-    fn the_build_time_automaton_matches_one_built_now() {
+    fn the_build_time_trie_matches_one_built_now() {
         let loaded = Lexicon::builtin();
         let built = Lexicon::parse(CONCEPTS_TSV, TERMS_TSV, VERSION.trim()).unwrap();
         built.warm().unwrap();

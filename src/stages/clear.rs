@@ -12,7 +12,7 @@
 //! confidence is the winner's share of the votes. Context tokens are counted as words plus punctuation marks
 //! in the kept windows, so the count stays bounded by the budget however long the note is.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::config::ConfigError;
 pub use crate::config::{Decision, VariableDef};
@@ -219,38 +219,81 @@ pub fn count_tokens(text: &str) -> usize {
     n
 }
 
-/// Evaluates every variable on one note.
-pub fn evaluate(text: &str, sections: &[Section], mentions: &[Mention], vars: &[Variable]) -> Vec<VariableResult> {
+/// Which variables target each concept: a note's mentions are sorted to their variables with one lookup each,
+/// not one per mention and variable (17 built-in variables, each with thousands of target concepts).
+#[derive(Debug, Default)]
+pub struct TargetIndex {
+    variables_of: HashMap<u32, Vec<u32>>,
+}
+
+impl TargetIndex {
+    /// Built from the variables as they are final (after `expand`).
+    pub fn new(vars: &[Variable]) -> Self {
+        let mut variables_of: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (i, v) in vars.iter().enumerate() {
+            for &c in &v.targets {
+                variables_of.entry(c).or_default().push(i as u32);
+            }
+        }
+        Self { variables_of }
+    }
+}
+
+/// Evaluates every variable on one note (`index` built from these `vars`).
+pub fn evaluate(
+    text: &str,
+    sections: &[Section],
+    mentions: &[Mention],
+    vars: &[Variable],
+    index: &TargetIndex,
+) -> Vec<VariableResult> {
+    let mut targets: Vec<Vec<&Mention>> = vec![Vec::new(); vars.len()];
+    for m in mentions {
+        for &v in index.variables_of.get(&m.concept).map(Vec::as_slice).unwrap_or_default() {
+            if vars[v as usize].admits_section(sections[m.section].name) {
+                targets[v as usize].push(m);
+            }
+        }
+    }
     // Words and token counts only when some variable has a mention to take a window around (a variable without
     // one never reads them).
-    let targets: Vec<Vec<&Mention>> = vars
-        .iter()
-        .map(|v| {
-            mentions
-                .iter()
-                .filter(|m| v.targets.contains(&m.concept))
-                .filter(|m| v.admits_section(sections[m.section].name))
-                .collect()
-        })
-        .collect();
     let any = targets.iter().any(|t| !t.is_empty());
-    let words = if any { word_spans(text) } else { Vec::new() };
-    let prefix = if any { token_prefix(text, &words) } else { Vec::new() };
+    let (words, prefix) = if any { words_and_prefix(text) } else { Default::default() };
     vars.iter().zip(targets).map(|(v, t)| evaluate_one(sections, t, &words, &prefix, v)).collect()
 }
 
-/// `prefix[i]` = tokens in the first `i` words. Words are whitespace-separated and `count_tokens` counts nothing
-/// in whitespace, so the tokens of words `lo..=hi` are `prefix[hi + 1] - prefix[lo]`: shrinking a window word by
-/// word costs O(1) a step, not a recount of the window (which made long notes quadratic).
-fn token_prefix(text: &str, words: &[(usize, usize)]) -> Vec<usize> {
-    let mut prefix = Vec::with_capacity(words.len() + 1);
+/// `word_spans(text)` and, in the same pass, `prefix[i]` = tokens in the first `i` words. Words are
+/// whitespace-separated and `count_tokens` counts nothing in whitespace, so the tokens of words `lo..=hi` are
+/// `prefix[hi + 1] - prefix[lo]`: shrinking a window word by word costs O(1) a step, not a recount of the window
+/// (which made long notes quadratic).
+fn words_and_prefix(text: &str) -> (Vec<(usize, usize)>, Vec<usize>) {
+    let mut words = Vec::with_capacity(text.len() / 6);
+    let mut prefix = Vec::with_capacity(text.len() / 6 + 1);
     prefix.push(0);
-    let mut total = 0;
-    for &(a, b) in words {
-        total += count_tokens(&text[a..b]);
+    let (mut total, mut start, mut in_alnum) = (0, None, false);
+    let mut i = 0;
+    while i < text.len() {
+        let (ws, alnum, len) = class_at(text, i);
+        if ws {
+            if let Some(s) = start.take() {
+                words.push((s, i));
+                prefix.push(total);
+            }
+            in_alnum = false;
+        } else {
+            start.get_or_insert(i);
+            if !alnum || !in_alnum {
+                total += 1;
+            }
+            in_alnum = alnum;
+        }
+        i += len;
+    }
+    if let Some(s) = start {
+        words.push((s, text.len()));
         prefix.push(total);
     }
-    prefix
+    (words, prefix)
 }
 
 /// One variable from its target mentions (in text order, in admitted sections).
@@ -383,8 +426,8 @@ mod tests {
         assert_eq!(count_tokens("No pleural effusion, or pneumothorax."), 7);
         // Word prefix sums give every span's count.
         let text = "Pt c/o  SOB,\nno fever; BP 120/80 — stable.\t Plan: f/u.";
-        let words = word_spans(text);
-        let prefix = token_prefix(text, &words);
+        let (words, prefix) = words_and_prefix(text);
+        assert_eq!(words, word_spans(text));
         for lo in 0..words.len() {
             for hi in lo..words.len() {
                 assert_eq!(prefix[hi + 1] - prefix[lo], count_tokens(&text[words[lo].0..words[hi].1]), "{lo}..={hi}");
@@ -441,6 +484,10 @@ mod tests {
                 .collect();
             assert_eq!(word_spans(&text), words_ref(&text), "{text:?}");
             assert_eq!(count_tokens(&text), tokens_ref(&text), "{text:?}");
+            let (words, prefix) = words_and_prefix(&text);
+            assert_eq!(words, words_ref(&text), "{text:?}");
+            let counts: Vec<usize> = words.iter().map(|&(a, b)| tokens_ref(&text[a..b])).collect();
+            assert_eq!(prefix.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>(), counts, "{text:?}");
         }
     }
 }

@@ -15,7 +15,7 @@
 //! `op = upsert` (replace this document's contribution with these facts) or `retract` (entered-in-error: remove
 //! it), plus the documents it `replaces`. Pure and synchronous.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sha1::Digest as _;
 
@@ -180,7 +180,12 @@ pub fn delta(
     };
     add_edge("has_document", &patient_node, &document_node, None, 1.0, None);
 
-    let concept_node = |nodes: &mut BTreeMap<String, Node>, m: &Mention| {
+    // A concept's node id, hashed once per note however many mentions and relations name it.
+    let mut concept_ids: HashMap<u32, String> = HashMap::new();
+    let mut concept_node = |nodes: &mut BTreeMap<String, Node>, m: &Mention| {
+        if let Some(id) = concept_ids.get(&m.concept) {
+            return id.clone();
+        }
         let c = lexicon.concept(m.concept);
         let id = stable_id("n", &["concept", &c.id]);
         nodes.entry(id.clone()).or_insert_with(|| Node {
@@ -191,6 +196,7 @@ pub fn delta(
             label: Some(c.preferred.clone()),
             codes: c.codes.clone(),
         });
+        concept_ids.insert(m.concept, id.clone());
         id
     };
     let evidence = |m: &Mention| Evidence {

@@ -72,6 +72,8 @@ pub struct Pipeline {
 pub struct Compiled {
     pub lexicon: Lexicon,
     pub variables: Vec<clear::Variable>,
+    /// The variables of each target concept.
+    pub targets: clear::TargetIndex,
 }
 
 type CompiledCache = Mutex<Vec<(crate::config::ClearSettings, Arc<Compiled>)>>;
@@ -98,7 +100,8 @@ impl Pipeline {
                 } else {
                     lexicon
                 };
-                let compiled = Arc::new(Compiled { lexicon, variables });
+                let targets = clear::TargetIndex::new(&variables);
+                let compiled = Arc::new(Compiled { lexicon, variables, targets });
                 cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
                 compiled
             }
@@ -151,7 +154,8 @@ impl Pipeline {
             &self.assertion,
         );
         lap(&mut timings.entities, &mut last);
-        let variables = clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables);
+        let variables =
+            clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables, &self.compiled.targets);
         lap(&mut timings.variables, &mut last);
         let delta = kg::delta(&note, &sections, &mentions, &self.compiled.lexicon, crate::WORKER_VERSION);
         lap(&mut timings.kg, &mut last);
