@@ -15,8 +15,8 @@
 //!
 //! So the search walks words, not bytes (`Trie`): each distinct pattern word and separator has an id
 //! (`Vocab`, open addressing over the folded bytes), the patterns form a trie over (separator, word) steps whose
-//! edges are one hash table keyed by (node, separator, word), and the root's children are an array indexed by the
-//! first word's id. A text's words are looked up once each (independent lookups, which the processor overlaps),
+//! edges are one hash table keyed by (node, separator, word); a word's slot in the vocabulary also holds the node
+//! of the patterns it starts, and each node a 32-bit filter of its edges. A text's words are looked up once each (independent lookups, which the processor overlaps),
 //! then a walk starts at every word and stops at the first step no pattern takes: a few table reads per word,
 //! where the byte-wise Aho-Corasick automaton it replaced made one dependent read per byte into 11.7 MB
 //! (`docs/benchmarks.md`, 2026-11-24, seventh).
@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 
-pub const MAGIC: &[u8; 8] = b"CLSPM03\n";
+pub const MAGIC: &[u8; 8] = b"CLSPM04\n";
 
 /// Marks a word boundary in `marked` patterns; never a byte of UTF-8.
 pub const BOUNDARY: u8 = 0xFF;
@@ -88,23 +88,28 @@ fn hash_parts(head: u64, rest: &[u8], len: usize) -> u64 {
     h ^ (h >> 29)
 }
 
-/// Distinct byte strings with dense ids, looked up by open addressing. A slot holds the string's first 8 bytes
-/// and its length, so most lookups (words of up to 8 bytes) read one slot and nothing else.
+/// Distinct byte strings with dense ids and a value each, looked up by open addressing. A slot holds the
+/// string's first 8 bytes, its length and its value, so most lookups (words of up to 8 bytes) read one slot and
+/// nothing else — for the trie's words the value is the root's child, the node of the patterns they start.
 #[derive(Debug, Default, Clone)]
 pub struct Vocab {
-    /// `[first 8 bytes zero-padded, len << 32 | (id + 1)]`; an empty slot is `[0, 0]`. Length a power of two, at
-    /// most half full.
+    /// `[first 8 bytes zero-padded, min(len, 255) << 56 | (id + 1) << 32 | value]`; an empty slot is `[0, 0]`.
+    /// Length a power of two, at most half full.
     slots: Vec<[u64; 2]>,
-    /// String `id` is `text[ends[id] - len..ends[id]]`.
+    /// String `id` is `text[ends[id - 1]..ends[id]]` (from 0 for id 0).
     ends: Vec<u32>,
     text: Vec<u8>,
 }
 
+/// Ids are below this (24 bits of a slot).
+const MAX_VOCAB: usize = 1 << 24;
+
 impl Vocab {
-    fn build(strings: &[Vec<u8>]) -> Vocab {
+    /// `values[i]` goes with `strings[i]`.
+    fn build(strings: &[Vec<u8>], values: &[u32]) -> Vocab {
         let size = (strings.len() * 2).next_power_of_two().max(16);
         let mut v = Vocab { slots: vec![[0, 0]; size], ends: Vec::with_capacity(strings.len()), text: Vec::new() };
-        for (id, s) in strings.iter().enumerate() {
+        for (id, (s, &value)) in strings.iter().zip(values).enumerate() {
             v.text.extend_from_slice(s);
             v.ends.push(v.text.len() as u32);
             let head = word_of(&s[..s.len().min(8)]);
@@ -112,7 +117,7 @@ impl Vocab {
             while v.slots[i][1] != 0 {
                 i = (i + 1) & (size - 1);
             }
-            v.slots[i] = [head, (s.len() as u64) << 32 | (id as u64 + 1)];
+            v.slots[i] = [head, (s.len().min(255) as u64) << 56 | (id as u64 + 1) << 32 | u64::from(value)];
         }
         v
     }
@@ -125,37 +130,51 @@ impl Vocab {
         self.ends.is_empty()
     }
 
+    fn string(&self, id: usize) -> &[u8] {
+        let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
+        &self.text[start..self.ends[id] as usize]
+    }
+
+    /// Every string's value, in no particular order.
+    fn values(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots.iter().filter(|s| s[1] != 0).map(|s| s[1] as u32)
+    }
+
     /// The id of `s`, or `NONE`.
     pub fn get(&self, s: &[u8]) -> u32 {
+        self.get_with_value(s).0
+    }
+
+    /// The id and value of `s`, or `(NONE, NONE)`.
+    pub fn get_with_value(&self, s: &[u8]) -> (u32, u32) {
         let mut padded = Vec::with_capacity(s.len() + 8);
         padded.extend_from_slice(s);
         padded.extend_from_slice(&[0; 8]);
         self.get_at(&padded, 0, s.len())
     }
 
-    /// The id of `buf[a..b]`, or `NONE`; `buf` holds at least 8 bytes from `a` (pad it).
+    /// The id and value of `buf[a..b]` (not empty), or `(NONE, NONE)`; `buf` holds at least 8 bytes from `a`
+    /// (pad it).
     #[inline]
-    pub fn get_at(&self, buf: &[u8], a: usize, b: usize) -> u32 {
-        if self.is_empty() {
-            return NONE;
+    pub fn get_at(&self, buf: &[u8], a: usize, b: usize) -> (u32, u32) {
+        if self.is_empty() || a >= b {
+            return (NONE, NONE);
         }
         let len = b - a;
         let head8 = u64::from_le_bytes(buf[a..a + 8].try_into().expect("padded"));
         let head = if len >= 8 { head8 } else { head8 & ((1u64 << (8 * len)) - 1) };
-        let rest = &buf[(a + 8).min(b)..b];
-        let h = hash_parts(head, rest, len);
+        let h = hash_parts(head, &buf[(a + 8).min(b)..b], len);
         let mask = self.slots.len() - 1;
         let mut i = h as usize & mask;
         loop {
             let [slot_head, meta] = self.slots[i];
             if meta == 0 {
-                return NONE;
+                return (NONE, NONE);
             }
-            if slot_head == head && (meta >> 32) as usize == len {
-                let id = (meta as u32) - 1;
-                let end = self.ends[id as usize] as usize;
-                if len <= 8 || &self.text[end - len + 8..end] == rest {
-                    return id;
+            if slot_head == head && (meta >> 56) as usize == len.min(255) {
+                let id = ((meta >> 32) as u32 & 0x00ff_ffff) - 1;
+                if len <= 8 || self.string(id as usize) == &buf[a..b] {
+                    return (id, meta as u32);
                 }
             }
             i = (i + 1) & mask;
@@ -163,16 +182,23 @@ impl Vocab {
     }
 
     fn check(&self) -> bool {
-        let lens_ok = self.slots.iter().all(|&[_, meta]| {
-            let (len, id) = ((meta >> 32) as usize, meta as u32 as usize);
-            meta == 0 || ((1..=self.ends.len()).contains(&id) && len <= self.ends[id - 1] as usize)
-        });
+        let ids_ok = self
+            .slots
+            .iter()
+            .all(|&[_, meta]| meta == 0 || (1..=self.ends.len()).contains(&(((meta >> 32) & 0x00ff_ffff) as usize)));
         self.slots.len().is_power_of_two()
+            && self.ends.len() < MAX_VOCAB
             && self.ends.windows(2).all(|w| w[0] <= w[1])
             && self.ends.last().is_none_or(|&e| e as usize == self.text.len())
-            && lens_ok
+            && ids_ok
             && self.slots.iter().any(|s| s[1] == 0)
     }
+}
+
+/// The bit of a (separator, word) step in a node's child filter.
+#[inline]
+fn filter_bit(sep: u32, word: u32) -> u32 {
+    1 << ((u64::from(sep) << 21 | u64::from(word)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59)
 }
 
 /// The patterns as a trie over words (see the module comment).
@@ -183,11 +209,10 @@ pub struct Trie {
     pub seps: Vocab,
     /// Per separator byte: the id of that one-byte separator (`NONE`); ASCII whitespace maps to `" "`'s.
     pub sep_byte: Vec<u32>,
-    /// Per word id: the node of the patterns starting with that word (no lead), or `NONE`.
-    pub root: Vec<u32>,
-    /// Per node `n` (plus one sentinel): `[outs, trails, children]`; node `n`'s groups are
-    /// `outs[nodes[n][0]..nodes[n + 1][0]]`, its trails `trails[nodes[n][1]..nodes[n + 1][1]]`, and `children`
-    /// says whether any edge leaves it.
+    /// Per node `n` (plus one sentinel): `[outs, trails, filter]`; node `n`'s groups are
+    /// `outs[nodes[n][0]..nodes[n + 1][0]]`, its trails `trails[nodes[n][1]..nodes[n + 1][1]]`, and `filter` has
+    /// the `filter_bit` of each of its edges (0: no edge leaves it), so most steps no pattern takes end without a
+    /// read of the edge table. Numbered breadth first: the shallow nodes every search reads lie together.
     pub nodes: Vec<[u32; 3]>,
     /// Groups of the patterns ending at a node with no trail.
     pub outs: Vec<u32>,
@@ -244,6 +269,14 @@ impl Trie {
         &self.trails[self.nodes[n][1] as usize..self.nodes[n + 1][1] as usize]
     }
 
+    /// Whether `node` may have a child by `sep` then `word` (false: it has none).
+    #[inline]
+    pub fn may_have_child(&self, node: u32, sep: u32, word: u32) -> bool {
+        self.nodes[node as usize][2] & filter_bit(sep, word) != 0
+    }
+
+    /// Whether any edge leaves `node`.
+    #[inline]
     pub fn has_children(&self, node: u32) -> bool {
         self.nodes[node as usize][2] != 0
     }
@@ -305,7 +338,7 @@ impl Trie {
         if words.len() as u32 >= MAX_WORDS || seps.len() as u32 >= LEAD_STEP {
             return Err(format!("{} words and {} separators: more than the trie's keys hold", words.len(), seps.len()));
         }
-        // Nodes: 0 is the root; lead roots next; then the others in order of creation.
+        // Nodes, numbered here in order of creation (0 the root, then the lead roots), renumbered below.
         let mut lead_of: HashMap<&[u8], u32> = HashMap::new();
         let mut next = 1u32;
         for p in &parsed {
@@ -354,17 +387,46 @@ impl Trie {
         let count = next as usize;
         outs.resize(count, Vec::new());
         trails.resize(count, Vec::new());
-        let mut t = Trie { words: Vocab::build(&words), seps: Vocab::build(&seps), root, ..Trie::default() };
+        // Breadth-first numbering: the root, the lead roots, the root's children by first word, then each node's
+        // children in key order.
+        let mut kids: Vec<Vec<(u64, u32)>> = vec![Vec::new(); count];
+        for (&k, &c) in &edges {
+            kids[(k >> 32) as usize].push((k & 0xffff_ffff, c));
+        }
+        let mut lead_roots: Vec<u32> = lead_of.values().copied().collect();
+        lead_roots.sort_unstable();
+        let mut order: Vec<u32> = vec![0];
+        order.extend(&lead_roots);
+        order.extend(root.iter().copied().filter(|&n| n != NONE));
+        let mut i = 0;
+        while i < order.len() {
+            let n = order[i] as usize;
+            kids[n].sort_unstable();
+            order.extend(kids[n].iter().map(|&(_, c)| c));
+            i += 1;
+        }
+        if order.len() != count {
+            return Err(format!("{} of {count} nodes reachable", order.len()));
+        }
+        let mut new_id = vec![NONE; count];
+        for (new, &old) in order.iter().enumerate() {
+            new_id[old as usize] = new as u32;
+        }
+        let root: Vec<u32> = root.iter().map(|&n| if n == NONE { NONE } else { new_id[n as usize] }).collect();
+        let mut t = Trie {
+            words: Vocab::build(&words, &root),
+            seps: Vocab::build(&seps, &vec![NONE; seps.len()]),
+            ..Trie::default()
+        };
         t.sep_byte =
             (0..=255u8).map(|b| if b.is_ascii_whitespace() { t.seps.get(b" ") } else { t.seps.get(&[b]) }).collect();
-        let mut parents = vec![false; count];
-        for &k in edges.keys() {
-            parents[(k >> 32) as usize] = true;
-        }
-        for n in 0..count {
+        for &old in &order {
+            let n = old as usize;
             outs[n].sort_unstable();
             trails[n].sort_unstable();
-            t.nodes.push([t.outs.len() as u32, t.trails.len() as u32, u32::from(parents[n])]);
+            let filter =
+                kids[n].iter().fold(0, |f, &(low, _)| f | filter_bit((low >> 21) as u32, low as u32 & (MAX_WORDS - 1)));
+            t.nodes.push([t.outs.len() as u32, t.trails.len() as u32, filter]);
             t.outs.extend_from_slice(&outs[n]);
             for &(trail, group) in &trails[n] {
                 let start = t.trail_text.len() as u32;
@@ -375,7 +437,10 @@ impl Trie {
         t.nodes.push([t.outs.len() as u32, t.trails.len() as u32, 0]);
         let size = (edges.len() * 2).next_power_of_two().max(16);
         t.edges = vec![[0, 0]; size];
-        let mut sorted: Vec<(u64, u32)> = edges.into_iter().collect();
+        let mut sorted: Vec<(u64, u32)> = edges
+            .into_iter()
+            .map(|(k, c)| ((u64::from(new_id[(k >> 32) as usize]) << 32) | (k & 0xffff_ffff), new_id[c as usize]))
+            .collect();
         sorted.sort_unstable();
         for (key, child) in sorted {
             let mut i = edge_slot(key, size - 1);
@@ -389,7 +454,7 @@ impl Trie {
         for (lead, node) in leads {
             let start = t.lead_text.len() as u32;
             t.lead_text.extend_from_slice(lead);
-            t.leads.push([start, t.lead_text.len() as u32, node]);
+            t.leads.push([start, t.lead_text.len() as u32, new_id[node as usize]]);
         }
         pure.sort_unstable();
         for (p, group) in pure {
@@ -409,8 +474,8 @@ impl Trie {
             && self.seps.check()
             && self.sep_byte.len() == 256
             && self.sep_byte.iter().all(|&s| s == NONE || (s as usize) < self.seps.len())
-            && self.root.len() == self.words.len()
-            && self.root.iter().all(|&n| n == NONE || n < nodes)
+            && self.words.values().all(|n| n == NONE || n < nodes)
+            && self.seps.values().all(|n| n == NONE)
             && !self.nodes.is_empty()
             && self.nodes.windows(2).all(|w| w[0][0] <= w[1][0] && w[0][1] <= w[1][1])
             && self.nodes.last().is_some_and(|l| l[0] as usize == self.outs.len() && l[1] as usize == self.trails.len())
@@ -558,7 +623,6 @@ impl Compiled {
             put_list(&mut out, &v.text);
         }
         put_list(&mut out, &t.sep_byte);
-        put_list(&mut out, &t.root);
         put_list(&mut out, &t.nodes);
         put_list(&mut out, &t.outs);
         put_list(&mut out, &t.trails);
@@ -596,7 +660,6 @@ impl Compiled {
             words,
             seps,
             sep_byte: take!(),
-            root: take!(),
             nodes: take!(),
             outs: take!(),
             trails: take!(),

@@ -108,7 +108,9 @@ impl PhraseMatcher {
     fn push_prepared(&self, text: &str, p: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
         let t = &self.compiled.trie;
         let src = text.as_bytes();
-        let ids: Vec<u32> = p.words.iter().map(|&(a, b)| t.words.get_at(&p.folded, a as usize, b as usize)).collect();
+        // Per word: its id and the node of the patterns it starts (`NONE`s when no pattern has it).
+        let found: Vec<(u32, u32)> =
+            p.words.iter().map(|&(a, b)| t.words.get_at(&p.folded, a as usize, b as usize)).collect();
         let walk = |mut node: u32, mut j: usize, start: usize, out: &mut Vec<PhraseMatch>| loop {
             let end = p.words[j].1 as usize;
             for &g in t.outs(node) {
@@ -120,26 +122,24 @@ impl PhraseMatcher {
                     self.emit(text, start, end + e, g, offset, out);
                 }
             }
-            if !t.has_children(node) || j + 1 >= ids.len() || ids[j + 1] == NONE {
+            let Some(&(next, _)) = found.get(j + 1) else { return };
+            if next == NONE || !t.has_children(node) {
                 return;
             }
             let sep = sep_id(t, &src[end..p.words[j + 1].0 as usize]);
-            if sep == NONE {
+            if sep == NONE || !t.may_have_child(node, sep, next) {
                 return;
             }
-            node = t.child(node, sep, ids[j + 1]);
+            node = t.child(node, sep, next);
             if node == NONE {
                 return;
             }
             j += 1;
         };
-        for (j, &w) in ids.iter().enumerate() {
+        for (j, &(w, node)) in found.iter().enumerate() {
             let start = p.words[j].0 as usize;
-            if w != NONE {
-                let node = t.root[w as usize];
-                if node != NONE {
-                    walk(node, j, start, out);
-                }
+            if node != NONE {
+                walk(node, j, start, out);
             }
             if w == NONE || t.leads.is_empty() {
                 continue;
@@ -215,11 +215,11 @@ impl PhraseMatcher {
         } else {
             let (lead, trail) = (pieces[0], pieces[pieces.len() - 1]);
             let inner = &pieces[1..pieces.len() - 1];
-            let first = t.words.get(inner[0]);
+            let (first, first_node) = t.words.get_with_value(inner[0]);
             let mut node = if first == NONE {
                 NONE
             } else if lead.is_empty() {
-                t.root[first as usize]
+                first_node
             } else {
                 t.leads
                     .iter()
