@@ -44,6 +44,17 @@ def total(body, prefix):
     return sum(float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(prefix))
 
 
+def committed_total(ports):
+    """The input topic's committed offsets summed over partitions (the highest any worker reports for each)."""
+    best = {}
+    for p in ports:
+        for l in metrics(p).splitlines():
+            if l.startswith('clinstream_kafka_committed_offset{') and 'topic="clinstream.documents.v1"' in l:
+                part = l.split('partition="', 1)[1].split('"', 1)[0]
+                best[part] = max(best.get(part, 0.0), float(l.rsplit(" ", 1)[1]))
+    return sum(best.values())
+
+
 def stage_sums(body):
     out = {}
     for l in body.splitlines():
@@ -131,7 +142,7 @@ def run(bin_, events_path, n, workers, work):
         env.update({
             "CLINSTREAM__KAFKA__ENABLED": "true", "CLINSTREAM__KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
             "CLINSTREAM__KAFKA__GROUP_ID": "bench", "CLINSTREAM__KAFKA__CREATE_TOPICS": "true",
-            "CLINSTREAM__LOG__LEVEL": "warn", "CLINSTREAM__LOG__FORMAT": "json",
+            "CLINSTREAM__LOG__LEVEL": os.environ.get("E2E_LOG_LEVEL", "warn"), "CLINSTREAM__LOG__FORMAT": "json",
         })
         deadline = time.time() + float(os.environ.get("E2E_TIMEOUT", "900"))
 
@@ -139,7 +150,13 @@ def run(bin_, events_path, n, workers, work):
             for w, p in enumerate(procs):
                 if p.poll() is not None or time.time() > deadline:
                     log = open(os.path.join(data, f"w{w}.log")).read()[-3000:]
-                    raise SystemExit(f"worker {w} {'exited' if p.poll() is not None else 'timed out'}: {log}")
+                    # The worker's own account of where it stands (partitions, in flight, finished, commits, intake).
+                    try:
+                        state = "\n".join(l for l in metrics(ports[w]).splitlines() if l.startswith((
+                            "clinstream_kafka_", "clinstream_in_flight", "clinstream_documents_", "clinstream_intake")))
+                    except Exception as e:  # noqa: BLE001 - the worker may be gone
+                        state = f"(no metrics: {e})"
+                    raise SystemExit(f"worker {w} {'exited' if p.poll() is not None else 'timed out'}: {log}\n{state}")
         subprocess.run([bin_, "produce", "--input", events_path, "--create-topics"], env=env, check=True,
                        stdout=subprocess.DEVNULL)
         ports = []
@@ -172,8 +189,9 @@ def run(bin_, events_path, n, workers, work):
             time.sleep(0.1)
         finished = time.time()
         threads1 = thread_ticks(procs[0].pid)
-        commits = sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports)
-        while sum(total(metrics(p), 'clinstream_kafka_commits_total{outcome="ok"}') for p in ports) <= commits:
+        # Committed: the group's offsets cover every note (the topic was empty on this fresh broker). Waiting for
+        # "one more commit" instead would wait forever when the last commit came before it was first read.
+        while committed_total(ports) < n:
             check()
             time.sleep(0.05)
         committed = time.time()

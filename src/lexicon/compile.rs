@@ -105,8 +105,8 @@ pub struct Vocab {
 const MAX_VOCAB: usize = 1 << 24;
 
 impl Vocab {
-    /// `values[i]` goes with `strings[i]`.
-    fn build(strings: &[Vec<u8>], values: &[u32]) -> Vocab {
+    /// `values[i]` goes with `strings[i]` (distinct strings; string `i` gets id `i`).
+    pub fn build(strings: &[Vec<u8>], values: &[u32]) -> Vocab {
         let size = (strings.len() * 2).next_power_of_two().max(16);
         let mut v = Vocab { slots: vec![[0, 0]; size], ends: Vec::with_capacity(strings.len()), text: Vec::new() };
         for (id, (s, &value)) in strings.iter().zip(values).enumerate() {
@@ -128,6 +128,11 @@ impl Vocab {
 
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
+    }
+
+    /// String `id`.
+    pub fn string_at(&self, id: usize) -> &[u8] {
+        self.string(id)
     }
 
     fn string(&self, id: usize) -> &[u8] {

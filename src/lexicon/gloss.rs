@@ -13,6 +13,8 @@
 //! negation is hidden inside a span); the concept is the compound term's. Nearest partner first, then
 //! non-overlapping, leftmost. Pure; cannot fail once built.
 
+use super::compile::{NONE, Vocab};
+use super::matcher::Prepared;
 use super::{EntityKind, Lexicon, LexiconError, TermMatch};
 
 /// `data/lexicon/combining_forms.tsv`, compiled in.
@@ -34,10 +36,13 @@ pub struct Glosses {
     glosses: Vec<(u32, String)>,
     /// The gloss words, ASCII case-insensitive, leftmost-longest: one pass over a note finds every candidate.
     words: Option<aho_corasick::AhoCorasick>,
+    /// The same words by id (the automaton's pattern index): an ASCII text's gloss words are those of its words
+    /// (`matcher::Prepared`) found here.
+    vocab: Vocab,
 }
 
 /// A gloss word in a text: its span and its pattern.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hit {
     pub start: usize,
     pub end: usize,
@@ -125,6 +130,8 @@ impl Glosses {
                 .build(&words)
                 .map_err(|e| LexiconError(format!("combining forms: {e}")))?;
             g.words = Some(ac);
+            let strings: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
+            g.vocab = Vocab::build(&strings, &vec![0; strings.len()]);
         }
         Ok(g)
     }
@@ -135,6 +142,12 @@ impl Glosses {
 
     pub fn is_empty(&self) -> bool {
         self.glosses.is_empty()
+    }
+
+    /// The gloss words, by id.
+    #[cfg(test)]
+    fn vocab_words(&self) -> Vec<&str> {
+        (0..self.vocab.len()).map(|i| std::str::from_utf8(self.vocab.string_at(i)).expect("ASCII")).collect()
     }
 
     /// The compound terms glossed, in order (for `explain` and tests).
@@ -150,6 +163,26 @@ impl Glosses {
         ac.find_iter(text)
             .filter(|m| !(m.start() > 0 && is_word(m.start() - 1)) && !is_word(m.end()))
             .map(|m| Hit { start: m.start(), end: m.end(), word: m.pattern().as_u32() })
+            .collect()
+    }
+
+    /// `hits` from the text's words, when the matcher has split it already. For an ASCII text the words are the
+    /// maximal runs of ASCII letters and digits, and a whole-word match of a gloss word (all lower-case ASCII
+    /// letters) is exactly such a run equal to it, ASCII case ignored: one lookup per word, no second pass. Other
+    /// texts (where a word may hold non-ASCII letters) take the automaton.
+    pub fn hits_prepared(&self, text: &str, p: &Prepared) -> Vec<Hit> {
+        if !p.ascii {
+            return self.hits(text);
+        }
+        if self.vocab.is_empty() {
+            return Vec::new();
+        }
+        p.words
+            .iter()
+            .filter_map(|&(a, b)| {
+                let (word, _) = self.vocab.get_at(&p.folded, a as usize, b as usize);
+                (word != NONE).then_some(Hit { start: a as usize, end: b as usize, word })
+            })
             .collect()
     }
 
@@ -278,6 +311,60 @@ mod tests {
         let text = "The heart. Enlarged nodes.";
         assert!(g.find(text, 0, 10).is_empty() && g.find(text, 10, text.len()).is_empty());
         assert_eq!(g.find(text, 0, text.len()).len(), 0, "the full stop breaks it");
+    }
+
+    /// The gloss words found from the matcher's split of a text are the automaton's whole-word matches: on real
+    /// notes, on texts built from gloss words, their prefixes, case changes and punctuation, and on non-ASCII text.
+    #[test]
+    fn gloss_words_from_the_word_split_are_the_automatons() {
+        let (lexicon, g) = glosses();
+        let words = g.vocab_words();
+        assert!(words.len() > 10, "{words:?}");
+        let mut texts: Vec<String> = vec![
+            include_str!("../../tests/fixtures/mtsamples/1288-soap--chart--progress-notes.txt").to_string(),
+            include_str!("../../tests/fixtures/mtsamples/17-cardiovascular--pulmonary.txt").to_string(),
+            "Air in the right pleural space; AIR-pleural? the Heart is enlarged.".to_string(),
+            "café air\u{e9}pleural air\u{e9} heart\u{2014}enlarged".to_string(),
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let seps = [" ", "  ", "-", ",", "'", "\n", "", "x", "7", ". "];
+        for _ in 0..2000 {
+            let mut t = String::new();
+            for _ in 0..next(8) {
+                let w = words[next(words.len())];
+                let w = match next(4) {
+                    0 => w.to_ascii_uppercase(),
+                    1 => w[..next(w.len()) + 1].to_string(),
+                    _ => w.to_string(),
+                };
+                t.push_str(&w);
+                t.push_str(seps[next(seps.len())]);
+            }
+            texts.push(t);
+        }
+        let mut found = 0;
+        for text in &texts {
+            let p = crate::lexicon::matcher::prepare(text);
+            let (a, b) = (g.hits(text), g.hits_prepared(text, &p));
+            let key = |h: &Vec<Hit>| h.iter().map(|h| (h.start, h.end, h.word)).collect::<Vec<_>>();
+            assert_eq!(key(&a), key(&b), "{text:?}");
+            found += a.len();
+        }
+        assert!(found > 1000, "{found}");
+        // And through the lexicon, with its matches.
+        let text = "Air in the right pleural space; no chest pain.";
+        let plain = lexicon.with_extra(&[]).unwrap();
+        assert_eq!(plain.find_with_gloss_hits(text), (lexicon.find(text), Vec::new()));
+        let glossed = lexicon.with_extra(&[]).unwrap().with_glosses(Glosses::builtin(&lexicon));
+        let (matches, hits) = glossed.find_with_gloss_hits(text);
+        assert_eq!(matches, lexicon.find(text));
+        assert_eq!(hits.iter().map(|h| &text[h.start..h.end]).collect::<Vec<_>>(), ["Air", "pleural"]);
     }
 
     #[test]

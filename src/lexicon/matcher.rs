@@ -23,24 +23,51 @@ pub struct PhraseMatch {
 
 pub struct PhraseMatcher {
     compiled: Compiled,
-    /// Per phrase: the exact bytes to compare when the phrase is case-sensitive.
-    exact: Vec<Option<Box<[u8]>>>,
+    /// The case-sensitive phrases and their exact bytes; one bit per phrase says whether it is one (the bits
+    /// stay in cache, the bytes are read only for those phrases).
+    exact: Exact,
     /// Per byte: whether some lead separator ends with it (ASCII whitespace as a space).
     lead_last: [bool; 256],
 }
 
 impl std::fmt::Debug for PhraseMatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PhraseMatcher").field("phrases", &self.exact.len()).finish()
+        f.debug_struct("PhraseMatcher").field("phrases", &self.exact.phrases).finish()
     }
 }
 
-fn exact_of<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)>) -> Vec<Option<Box<[u8]>>> {
-    phrases.into_iter().map(|(text, cs)| cs.then(|| text.as_bytes().to_vec().into_boxed_slice())).collect()
+struct Exact {
+    phrases: usize,
+    flagged: Vec<u64>,
+    bytes: rustc_hash::FxHashMap<u32, Box<[u8]>>,
+}
+
+impl Exact {
+    /// The exact bytes of phrase `id` when it is case-sensitive.
+    #[inline]
+    fn get(&self, id: u32) -> Option<&[u8]> {
+        let flagged = self.flagged.get(id as usize / 64).is_some_and(|w| w >> (id % 64) & 1 == 1);
+        if flagged { self.bytes.get(&id).map(|b| &b[..]) } else { None }
+    }
+}
+
+fn exact_of<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)>) -> Exact {
+    let mut e = Exact { phrases: 0, flagged: Vec::new(), bytes: rustc_hash::FxHashMap::default() };
+    for (id, (text, case_sensitive)) in phrases.into_iter().enumerate() {
+        if id % 64 == 0 {
+            e.flagged.push(0);
+        }
+        if case_sensitive {
+            e.flagged[id / 64] |= 1 << (id % 64);
+            e.bytes.insert(id as u32, text.as_bytes().into());
+        }
+        e.phrases = id + 1;
+    }
+    e
 }
 
 impl PhraseMatcher {
-    fn with(compiled: Compiled, exact: Vec<Option<Box<[u8]>>>) -> Self {
+    fn with(compiled: Compiled, exact: Exact) -> Self {
         let mut lead_last = [false; 256];
         let t = &compiled.trie;
         for &[a, b, _] in &t.leads {
@@ -67,22 +94,21 @@ impl PhraseMatcher {
         let compiled = Compiled::from_bytes(bytes).map_err(super::LexiconError)?;
         let exact = exact_of(phrases.clone());
         let fingerprint = compile::fingerprint(phrases.into_iter().map(|(t, _)| t));
-        if compiled.phrases as usize != exact.len() || compiled.fingerprint != fingerprint {
+        if compiled.phrases as usize != exact.phrases || compiled.fingerprint != fingerprint {
             return Err(super::LexiconError(format!(
                 "the compiled phrase matcher holds {} other phrases than the {} given (rebuild)",
-                compiled.phrases,
-                exact.len()
+                compiled.phrases, exact.phrases
             )));
         }
         Ok(Self::with(compiled, exact))
     }
 
     pub fn len(&self) -> usize {
-        self.exact.len()
+        self.exact.phrases
     }
 
     pub fn is_empty(&self) -> bool {
-        self.exact.is_empty()
+        self.exact.phrases == 0
     }
 
     /// Every boundary-respecting occurrence (overlapping), ordered by start, longest first, then phrase index.
@@ -96,7 +122,7 @@ impl PhraseMatcher {
     #[inline]
     fn emit(&self, text: &str, start: usize, end: usize, group: u32, offset: u32, out: &mut Vec<PhraseMatch>) {
         for &id in self.compiled.group(group) {
-            if let Some(exact) = &self.exact[id as usize]
+            if let Some(exact) = self.exact.get(id)
                 && !same_but_spaces(&text.as_bytes()[start..end], exact)
             {
                 continue;
@@ -254,27 +280,36 @@ impl PhraseMatcher {
 /// `find_all` over several matchers at once, as if they were one over the concatenation of their phrase lists:
 /// each `(matcher, offset)` adds `offset` to its phrase indexes. The text is prepared (folded, split) once.
 pub fn find_all_of(matchers: &[(&PhraseMatcher, u32)], text: &str) -> Vec<PhraseMatch> {
+    find_all_of_prepared(matchers, text, &prepare(text))
+}
+
+/// `find_all_of` over a text already prepared (`prepare(text)`), for callers that read its words too.
+pub fn find_all_of_prepared(matchers: &[(&PhraseMatcher, u32)], text: &str, prepared: &Prepared) -> Vec<PhraseMatch> {
     let mut out = Vec::new();
-    let prepared = prepare(text);
     for (m, offset) in matchers {
-        m.push_prepared(text, &prepared, *offset, &mut out);
+        m.push_prepared(text, prepared, *offset, &mut out);
     }
     out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
     out
 }
 
 /// A text as the trie reads it.
-struct Prepared {
+pub struct Prepared {
     /// The text, ASCII case folded (same offsets), then 8 zero bytes (`Vocab::get_at` reads 8 at a time).
-    folded: Vec<u8>,
-    /// Its words: maximal runs of letters and digits, as byte spans.
-    words: Vec<(u32, u32)>,
+    pub folded: Vec<u8>,
+    /// Its words: maximal runs of letters and digits, as byte spans (for an ASCII text: of ASCII letters and
+    /// digits).
+    pub words: Vec<(u32, u32)>,
+    /// Whether the text is all ASCII.
+    pub ascii: bool,
 }
 
-fn prepare(text: &str) -> Prepared {
+/// The text folded and split into words, once for every matcher that reads it.
+pub fn prepare(text: &str) -> Prepared {
     let src = text.as_bytes();
     let mut words = Vec::with_capacity(src.len() / 5);
-    if text.is_ascii() {
+    let ascii = text.is_ascii();
+    if ascii {
         ascii_words(src, &mut words);
     } else {
         unicode_words(text, &mut words);
@@ -282,18 +317,41 @@ fn prepare(text: &str) -> Prepared {
     let mut folded = Vec::with_capacity(src.len() + 8);
     folded.extend(src.iter().map(u8::to_ascii_lowercase));
     folded.extend_from_slice(&[0; 8]);
-    Prepared { folded, words }
+    Prepared { folded, words, ascii }
 }
 
-/// The words of an ASCII text, 64 bytes at a time: a mask of its letters and digits, whose rising and falling
-/// edges are the words' starts and ends (no branch per byte).
+/// One bit per byte of 8 ASCII bytes (little-endian `x`, every byte below 0x80): bit `i` set when byte `i` is a
+/// letter or a digit. Each range test adds a constant that carries into a byte's top bit exactly from the range's
+/// bound up; bytes below 0x80 never carry into their neighbour.
+#[inline]
+fn ascii_alnum_bits(x: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const TOP: u64 = 0x8080_8080_8080_8080;
+    let at_least = |v: u64, lo: u8| v + ONES * u64::from(0x80 - lo);
+    let lower = x | (ONES * 0x20);
+    let letter = at_least(lower, b'a') & !at_least(lower, b'z' + 1);
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    // The top bits, byte i's at bit 8i + 7, gathered into bits 56 + i by one multiply.
+    (((letter | digit) & TOP) >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
+}
+
+/// The words of an ASCII text, 64 bytes at a time: a mask of its letters and digits (8 bytes per step,
+/// `ascii_alnum_bits`), whose rising and falling edges are the words' starts and ends (no branch per byte).
 fn ascii_words(src: &[u8], words: &mut Vec<(u32, u32)>) {
     let (mut carry, mut open, mut in_word) = (0u64, 0u32, false);
     for (n, chunk) in src.chunks(64).enumerate() {
+        let mut padded = [0u8; 64];
+        let chunk: &[u8; 64] = match chunk.try_into() {
+            Ok(full) => full,
+            Err(_) => {
+                padded[..chunk.len()].copy_from_slice(chunk);
+                &padded
+            }
+        };
         let mut mask = 0u64;
-        for (k, &b) in chunk.iter().enumerate() {
-            let alnum = (b | 0x20).wrapping_sub(b'a') < 26 || b.wrapping_sub(b'0') < 10;
-            mask |= u64::from(alnum) << k;
+        for (k, eight) in chunk.chunks_exact(8).enumerate() {
+            let x = u64::from_le_bytes(eight.try_into().expect("8 bytes"));
+            mask |= ascii_alnum_bits(x) << (8 * k);
         }
         let before = (mask << 1) | carry;
         let (mut starts, mut ends) = (mask & !before, !mask & before);
@@ -508,6 +566,22 @@ mod tests {
         }
         out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
         out
+    }
+
+    /// The 8-byte letter-and-digit test agrees with the byte one on every ASCII byte in every position.
+    #[test]
+    fn eight_bytes_at_a_time_classify_every_ascii_byte() {
+        for b in 0u8..0x80 {
+            for i in 0..8 {
+                for fill in [0u8, b'a', b'Z', b'5', b' ', 0x7f] {
+                    let mut bytes = [fill; 8];
+                    bytes[i] = b;
+                    let want =
+                        bytes.iter().enumerate().fold(0u64, |m, (k, c)| m | u64::from(c.is_ascii_alphanumeric()) << k);
+                    assert_eq!(ascii_alnum_bits(u64::from_le_bytes(bytes)), want, "{b:#x} at {i} among {fill:#x}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
-use matcher::{PhraseMatcher, find_all_of, select_longest};
+use matcher::{PhraseMatcher, find_all_of_prepared, select_longest};
 
 pub use crate::model::EntityKind;
 
@@ -289,11 +289,23 @@ impl Lexicon {
 
     /// Longest-leftmost matches of lexicon terms in `text`.
     pub fn find(&self, text: &str) -> Vec<TermMatch> {
+        self.find_prepared(text, &matcher::prepare(text))
+    }
+
+    /// `find`, and the gloss words of the text (`gloss::Glosses::hits`; none without glosses), from one split of
+    /// the text into words.
+    pub fn find_with_gloss_hits(&self, text: &str) -> (Vec<TermMatch>, Vec<gloss::Hit>) {
+        let prepared = matcher::prepare(text);
+        let hits = self.glosses.as_ref().map(|g| g.hits_prepared(text, &prepared)).unwrap_or_default();
+        (self.find_prepared(text, &prepared), hits)
+    }
+
+    fn find_prepared(&self, text: &str, prepared: &matcher::Prepared) -> Vec<TermMatch> {
         let Ok(base) = self.base.matcher() else { return Vec::new() };
         let n = self.base.terms.len() as u32;
         let found = match &self.extra {
-            Some(extra) => find_all_of(&[(base, 0), (extra, n)], text),
-            None => find_all_of(&[(base, 0)], text),
+            Some(extra) => find_all_of_prepared(&[(base, 0), (extra, n)], text, prepared),
+            None => find_all_of_prepared(&[(base, 0)], text, prepared),
         };
         select_longest(found)
             .into_iter()

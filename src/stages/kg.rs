@@ -15,8 +15,7 @@
 //! `op = upsert` (replace this document's contribution with these facts) or `retract` (entered-in-error: remove
 //! it), plus the documents it `replaces`. Pure and synchronous.
 
-use std::collections::{BTreeMap, HashMap};
-
+use rustc_hash::FxHashMap;
 use sha1::Digest as _;
 
 use crate::lexicon::{EntityKind, Lexicon};
@@ -129,76 +128,26 @@ pub fn delta(
     }
     let patient_node = stable_id("n", &["patient", &patient]);
     let document_node = stable_id("n", &["document", &note.doc_id]);
-    let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
-    nodes.insert(
-        patient_node.clone(),
-        Node {
-            id: patient_node.clone(),
-            node_type: "patient".into(),
-            key: patient.clone(),
-            kind: None,
-            label: None,
-            codes: vec![],
-        },
-    );
-    nodes.insert(
-        document_node.clone(),
-        Node {
-            id: document_node.clone(),
-            node_type: "document".into(),
-            key: note.doc_id.clone(),
-            kind: None,
-            label: note.doc_type.as_ref().and_then(|t| t.text.clone().or_else(|| t.coding.first()?.display.clone())),
-            codes: vec![],
-        },
-    );
-    let mut edges: BTreeMap<String, Edge> = BTreeMap::new();
-    let mut add_edge = |edge_type: &str,
-                        source: &str,
-                        target: &str,
-                        assertion: Option<&str>,
-                        confidence: f64,
-                        ev: Option<Evidence>| {
-        let mut parts = vec![edge_type, source, target];
-        if let Some(a) = assertion {
-            parts.push(a);
-        }
-        let id = stable_id("e", &parts);
-        let e = edges.entry(id.clone()).or_insert_with(|| Edge {
-            id,
-            edge_type: edge_type.to_string(),
-            source: source.to_string(),
-            target: target.to_string(),
-            assertion: assertion.map(str::to_string),
-            confidence,
-            evidence: Vec::new(),
-        });
-        e.confidence = e.confidence.max(confidence);
-        if let Some(ev) = ev {
-            e.evidence.push(ev);
-        }
-    };
-    add_edge("has_document", &patient_node, &document_node, None, 1.0, None);
+    let mut graph = Builder::default();
+    graph.nodes.push(Node {
+        id: patient_node,
+        node_type: "patient".into(),
+        key: patient.clone(),
+        kind: None,
+        label: None,
+        codes: vec![],
+    });
+    graph.nodes.push(Node {
+        id: document_node,
+        node_type: "document".into(),
+        key: note.doc_id.clone(),
+        kind: None,
+        label: note.doc_type.as_ref().and_then(|t| t.text.clone().or_else(|| t.coding.first()?.display.clone())),
+        codes: vec![],
+    });
+    let (patient_at, document_at) = (0, 1);
+    graph.add_edge("has_document", patient_at, document_at, None, 1.0, None);
 
-    // A concept's node id, hashed once per note however many mentions and relations name it.
-    let mut concept_ids: HashMap<u32, String> = HashMap::new();
-    let mut concept_node = |nodes: &mut BTreeMap<String, Node>, m: &Mention| {
-        if let Some(id) = concept_ids.get(&m.concept) {
-            return id.clone();
-        }
-        let c = lexicon.concept(m.concept);
-        let id = stable_id("n", &["concept", &c.id]);
-        nodes.entry(id.clone()).or_insert_with(|| Node {
-            id: id.clone(),
-            node_type: "concept".into(),
-            key: c.id.clone(),
-            kind: Some(c.kind.as_str().to_string()),
-            label: Some(c.preferred.clone()),
-            codes: c.codes.clone(),
-        });
-        concept_ids.insert(m.concept, id.clone());
-        id
-    };
     let evidence = |m: &Mention| Evidence {
         doc_id: note.doc_id.clone(),
         section: sections[m.section].name.to_string(),
@@ -219,8 +168,8 @@ pub fn delta(
                 None => continue,
             }
         };
-        let target = concept_node(&mut nodes, m);
-        add_edge(edge_type, &patient_node, &target, Some(assertion), 1.0, Some(evidence(m)));
+        let target = graph.concept(lexicon, m.concept);
+        graph.add_edge(edge_type, patient_at, target, Some(assertion), 1.0, Some(evidence(m)));
     }
 
     // Concept–concept relations between the patient's affirmed or historical mentions.
@@ -241,28 +190,119 @@ pub fn delta(
                 continue;
             }
             let confidence = if same_sentence {
-                let between = &note.text[a.end.min(b.start)..b.start.max(a.end)];
-                let words = between.split_whitespace().count();
-                let cued = words <= 6 && {
-                    let padded =
-                        format!(" {} ", between.split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_lowercase());
-                    RELATION_CUES.iter().any(|c| padded.contains(c))
-                };
-                if cued { 0.9 } else { 0.5 }
+                if cued(&note.text[a.end.min(b.start)..b.start.max(a.end)]) { 0.9 } else { 0.5 }
             } else {
                 0.3
             };
             let (from, to) = if swapped { (b, a) } else { (a, b) };
-            let source = concept_node(&mut nodes, from);
-            let target = concept_node(&mut nodes, to);
+            let source = graph.concept(lexicon, from.concept);
+            let target = graph.concept(lexicon, to.concept);
             if source == target {
                 continue;
             }
             let mut ev = evidence(from);
             ev.end = to.end.max(from.end) as i64;
             ev.start = to.start.min(from.start) as i64;
-            add_edge(edge_type, &source, &target, None, confidence, Some(ev));
+            graph.add_edge(edge_type, source, target, None, confidence, Some(ev));
         }
     }
-    KgDelta { op: Op::Upsert, nodes: nodes.into_values().collect(), edges: edges.into_values().collect(), ..base }
+    let (nodes, edges) = graph.finish();
+    KgDelta { op: Op::Upsert, nodes, edges, ..base }
+}
+
+/// Whether the words between two mentions (at most six) hold a relation cue: the cue's words in a row, ASCII
+/// case ignored — what `" {words joined by one space, lower-cased} ".contains(cue)` says, without building it.
+fn cued(between: &str) -> bool {
+    let mut words = [""; 6];
+    let mut n = 0;
+    for w in between.split_whitespace() {
+        if n == words.len() {
+            return false;
+        }
+        words[n] = w;
+        n += 1;
+    }
+    let words = &words[..n];
+    RELATION_CUES.iter().any(|cue| {
+        let len = cue.split_whitespace().count();
+        words.windows(len).any(|run| run.iter().zip(cue.split_whitespace()).all(|(w, c)| w.eq_ignore_ascii_case(c)))
+    })
+}
+
+/// One note's nodes and edges as they are found. Nodes are indexes into `nodes` (distinct ids); an edge is keyed
+/// by its type, endpoints and assertion, so its stable id is hashed once, when first met, however many mentions
+/// support it. `finish` orders both by id (the order of the published delta).
+#[derive(Default)]
+struct Builder {
+    nodes: Vec<Node>,
+    /// Node index of each concept met so far, and of each node id (two concepts never share an id, but the id
+    /// is what makes a node one).
+    concept_at: FxHashMap<u32, usize>,
+    node_at: FxHashMap<String, usize>,
+    edges: Vec<Edge>,
+    edge_at: FxHashMap<(&'static str, usize, usize, Option<&'static str>), usize>,
+}
+
+impl Builder {
+    fn concept(&mut self, lexicon: &Lexicon, concept: u32) -> usize {
+        if let Some(&at) = self.concept_at.get(&concept) {
+            return at;
+        }
+        let c = lexicon.concept(concept);
+        let id = stable_id("n", &["concept", &c.id]);
+        let at = match self.node_at.get(&id) {
+            Some(&at) => at,
+            None => {
+                self.node_at.insert(id.clone(), self.nodes.len());
+                self.nodes.push(Node {
+                    id,
+                    node_type: "concept".into(),
+                    key: c.id.clone(),
+                    kind: Some(c.kind.as_str().to_string()),
+                    label: Some(c.preferred.clone()),
+                    codes: c.codes.clone(),
+                });
+                self.nodes.len() - 1
+            }
+        };
+        self.concept_at.insert(concept, at);
+        at
+    }
+
+    fn add_edge(
+        &mut self,
+        edge_type: &'static str,
+        source: usize,
+        target: usize,
+        assertion: Option<&'static str>,
+        confidence: f64,
+        evidence: Option<Evidence>,
+    ) {
+        let at = *self.edge_at.entry((edge_type, source, target, assertion)).or_insert_with(|| {
+            let (source, target) = (&self.nodes[source].id, &self.nodes[target].id);
+            let id = match assertion {
+                Some(a) => stable_id("e", &[edge_type, source, target, a]),
+                None => stable_id("e", &[edge_type, source, target]),
+            };
+            self.edges.push(Edge {
+                id,
+                edge_type: edge_type.to_string(),
+                source: source.clone(),
+                target: target.clone(),
+                assertion: assertion.map(str::to_string),
+                confidence,
+                evidence: Vec::new(),
+            });
+            self.edges.len() - 1
+        });
+        let e = &mut self.edges[at];
+        e.confidence = e.confidence.max(confidence);
+        e.evidence.extend(evidence);
+    }
+
+    fn finish(mut self) -> (Vec<Node>, Vec<Edge>) {
+        self.nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        self.edges.sort_by(|a, b| a.id.cmp(&b.id));
+        (self.nodes, self.edges)
+    }
 }

@@ -21,9 +21,8 @@ pub fn extract(
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Mention> {
-    let matches = lexicon.find(text);
+    let (matches, hits) = lexicon.find_with_gloss_hits(text);
     let glosses = lexicon.glosses();
-    let hits = glosses.map(|g| g.hits(text)).unwrap_or_default();
     let mut h = 0;
     let mention = |t: TermMatch, sentence: usize, section: usize| Mention {
         kind: lexicon.concept(t.concept).kind,
