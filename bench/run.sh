@@ -266,10 +266,11 @@ if serve:
     for r in serve["results"]:
         print(f"  {r['store']:<9}/v1/{r['route']:<8}{r['clients']} client(s): p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  "
               f"{r['requests_per_s']:.1f} req/s  errors {r['errors']}")
-    for store, clients, ratio in serve["context_vs_search_p99"]:
-        print(f"  {store}, {clients} client(s): p99 /v1/context / p99 /v1/search (the baseline) = {ratio:.2f}")
-    for store, route, ratio in serve["scaling_8_vs_1"]:
-        print(f"  {store} /v1/{route}: requests/s at 8 clients / at 1 = {ratio:.2f}")
+    # (loop names other than `store`, the store-writes results printed next)
+    for name, clients, ratio in serve["context_vs_search_p99"]:
+        print(f"  {name}, {clients} client(s): p99 /v1/context / p99 /v1/search (the baseline) = {ratio:.2f}")
+    for name, route, ratio in serve["scaling_8_vs_1"]:
+        print(f"  {name} /v1/{route}: requests/s at 8 clients / at 1 = {ratio:.2f}")
 if store:
     print(f"store writes without the model ({store[0]['docs']} notes, {store[0]['points_per_doc']:.1f} points each, 512 at once):")
     for r in store:
