@@ -6,7 +6,9 @@ environment, CPU by default), for 1 and 2 workers; names the stage where the tim
 
 NOIDA_DB names the broker binary (default .tools/noida/noida_db/noida-db); E2E_TIMEOUT (seconds, default 900)
 bounds each run; E2E_ROUNDS (default 1) runs each worker count that many times and reports the best, with every
-round's notes/s; a worker that exits early fails the run with the tail of its log.
+round's notes/s; E2E_LOG_LEVEL (default warn) sets the workers' log level; a worker that exits early or runs past
+the deadline fails the run with the tail of its log and its intake metrics. A run ends when the input topic's
+committed offsets cover all N notes.
 
 Starts a fresh noida-db broker (`make tools`) per worker count, produces N MTSamples notes wrapped as
 DocumentReferences onto a 4-partition topic, starts the workers (each with its own embedded store: two processes
