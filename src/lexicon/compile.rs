@@ -131,11 +131,7 @@ impl Vocab {
     }
 
     /// String `id`.
-    pub fn string_at(&self, id: usize) -> &[u8] {
-        self.string(id)
-    }
-
-    fn string(&self, id: usize) -> &[u8] {
+    pub fn string(&self, id: usize) -> &[u8] {
         let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
         &self.text[start..self.ends[id] as usize]
     }

@@ -147,7 +147,7 @@ impl Glosses {
     /// The gloss words, by id.
     #[cfg(test)]
     fn vocab_words(&self) -> Vec<&str> {
-        (0..self.vocab.len()).map(|i| std::str::from_utf8(self.vocab.string_at(i)).expect("ASCII")).collect()
+        (0..self.vocab.len()).map(|i| std::str::from_utf8(self.vocab.string(i)).expect("ASCII")).collect()
     }
 
     /// The compound terms glossed, in order (for `explain` and tests).
