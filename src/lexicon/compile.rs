@@ -16,8 +16,9 @@
 //! So the search walks words, not bytes (`Trie`): each distinct pattern word and separator has an id
 //! (`Vocab`, open addressing over the folded bytes), the patterns form a trie over (separator, word) steps whose
 //! edges are one hash table keyed by (node, separator, word); a word's slot in the vocabulary also holds the node
-//! of the patterns it starts, and each node a 32-bit filter of its edges. A text's words are looked up once each (independent lookups, which the processor overlaps),
-//! then a walk starts at every word and stops at the first step no pattern takes: a few table reads per word,
+//! of the patterns it starts, and each node a 32-bit filter of its edges. A text's words are looked up once each
+//! (in blocks: a block's slots are prefetched before they are probed, so the misses overlap), then a walk starts at
+//! every word and stops at the first step no pattern takes: a few table reads per word,
 //! where the byte-wise Aho-Corasick automaton it replaced made one dependent read per byte into 11.7 MB
 //! (`docs/benchmarks.md`, 2026-11-24, seventh).
 //!
@@ -161,10 +162,45 @@ impl Vocab {
         if self.is_empty() || a >= b {
             return (NONE, NONE);
         }
+        let (head, h) = Self::key_at(buf, a, b);
+        self.probe(buf, a, b, head, h)
+    }
+
+    /// `get_at` of every span of `spans` (none empty), in order, into `out`. The slots of a block of spans are
+    /// fetched ahead (their hashes computed first, then a prefetch each), so the table's cache misses overlap
+    /// instead of each stalling the probe that needs it.
+    pub fn get_all_at(&self, buf: &[u8], spans: &[(u32, u32)], out: &mut Vec<(u32, u32)>) {
+        const BLOCK: usize = 32;
+        out.reserve(spans.len());
+        if self.is_empty() {
+            out.extend(spans.iter().map(|_| (NONE, NONE)));
+            return;
+        }
+        let mask = self.slots.len() - 1;
+        let mut keys = [(0u64, 0u64); BLOCK];
+        for block in spans.chunks(BLOCK) {
+            for (key, &(a, b)) in keys.iter_mut().zip(block) {
+                *key = Self::key_at(buf, a as usize, b as usize);
+                prefetch(&self.slots[key.1 as usize & mask]);
+            }
+            for (&(head, h), &(a, b)) in keys.iter().zip(block) {
+                out.push(self.probe(buf, a as usize, b as usize, head, h));
+            }
+        }
+    }
+
+    /// The padded head and the hash of `buf[a..b]` (not empty).
+    #[inline]
+    fn key_at(buf: &[u8], a: usize, b: usize) -> (u64, u64) {
         let len = b - a;
         let head8 = u64::from_le_bytes(buf[a..a + 8].try_into().expect("padded"));
         let head = if len >= 8 { head8 } else { head8 & ((1u64 << (8 * len)) - 1) };
-        let h = hash_parts(head, &buf[(a + 8).min(b)..b], len);
+        (head, hash_parts(head, &buf[(a + 8).min(b)..b], len))
+    }
+
+    #[inline]
+    fn probe(&self, buf: &[u8], a: usize, b: usize, head: u64, h: u64) -> (u32, u32) {
+        let len = b - a;
         let mask = self.slots.len() - 1;
         let mut i = h as usize & mask;
         loop {
@@ -194,6 +230,19 @@ impl Vocab {
             && ids_ok
             && self.slots.iter().any(|s| s[1] == 0)
     }
+}
+
+/// Asks the processor to load `slot`'s cache line (a hint: no effect on results; nothing on other targets).
+#[inline(always)]
+fn prefetch<T>(slot: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` only hints the cache (it never faults, even on a bad address), and SSE is part of
+    // the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((slot as *const T).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = slot;
 }
 
 /// The bit of a (separator, word) step in a node's child filter.

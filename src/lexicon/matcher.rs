@@ -135,8 +135,8 @@ impl PhraseMatcher {
         let t = &self.compiled.trie;
         let src = text.as_bytes();
         // Per word: its id and the node of the patterns it starts (`NONE`s when no pattern has it).
-        let found: Vec<(u32, u32)> =
-            p.words.iter().map(|&(a, b)| t.words.get_at(&p.folded, a as usize, b as usize)).collect();
+        let mut found: Vec<(u32, u32)> = Vec::new();
+        t.words.get_all_at(&p.folded, &p.words, &mut found);
         let walk = |mut node: u32, mut j: usize, start: usize, out: &mut Vec<PhraseMatch>| loop {
             let end = p.words[j].1 as usize;
             for &g in t.outs(node) {
@@ -580,6 +580,47 @@ mod tests {
                         bytes.iter().enumerate().fold(0u64, |m, (k, c)| m | u64::from(c.is_ascii_alphanumeric()) << k);
                     assert_eq!(ascii_alnum_bits(u64::from_le_bytes(bytes)), want, "{b:#x} at {i} among {fill:#x}");
                 }
+            }
+        }
+    }
+
+    /// The batched lookup (hashes and prefetches of a block first, then the probes) gives what one lookup at a
+    /// time gives, for words held and not held, short and long (over 8 bytes: compared past the slot), across
+    /// block edges.
+    #[test]
+    fn batched_vocabulary_lookups_are_the_single_ones() {
+        let held: Vec<Vec<u8>> = (0..500u32)
+            .map(|i| format!("{}w{i}", "x".repeat((i % 23) as usize)).into_bytes())
+            .chain([b"a".to_vec(), b"pain".to_vec(), b"hypercholesterolemia".to_vec()])
+            .collect();
+        let values: Vec<u32> = (0..held.len() as u32).map(|i| i * 7 + 1).collect();
+        let vocab = compile::Vocab::build(&held, &values);
+        let mut text = Vec::new();
+        let mut spans = Vec::new();
+        for i in 0..1_000u32 {
+            let word = match i % 4 {
+                0 | 1 => held[(i as usize * 31) % held.len()].clone(),
+                2 => format!("{}w{}", "x".repeat((i % 23) as usize), i + 1_000).into_bytes(), // same shape, not held
+                _ => held[(i as usize * 17) % held.len()][1..].to_vec(),                      // a held word's tail
+            };
+            if word.is_empty() {
+                continue;
+            }
+            spans.push((text.len() as u32, (text.len() + word.len()) as u32));
+            text.extend_from_slice(&word);
+            text.push(b' ');
+        }
+        text.extend_from_slice(&[0; 8]);
+        let mut batched = Vec::new();
+        vocab.get_all_at(&text, &spans, &mut batched);
+        let single: Vec<(u32, u32)> = spans.iter().map(|&(a, b)| vocab.get_at(&text, a as usize, b as usize)).collect();
+        assert_eq!(batched, single);
+        let found = single.iter().filter(|&&(id, _)| id != NONE).count();
+        assert!(found >= 500 && found < single.len(), "{found} of {} held", single.len());
+        for (&(a, b), &(id, value)) in spans.iter().zip(&single) {
+            if id != NONE {
+                assert_eq!(vocab.string(id as usize), &text[a as usize..b as usize]);
+                assert_eq!(value, values[id as usize]);
             }
         }
     }

@@ -217,8 +217,11 @@ fn scan_line(text: &str, start: usize, end: usize, out: &mut Vec<Header>) {
         out.push(h);
         return;
     }
-    // Inline headers after `,` `;` `.` (MTSamples).
+    // Inline headers after `,` `;` `.` (MTSamples). An inline title ends at a colon within `MAX_TITLE + 1` bytes
+    // of its start, so a candidate with no colon in reach is passed over without a look (the next colon is
+    // found once per stretch of text, not once per candidate).
     let bytes = text.as_bytes();
+    let mut next_colon = None;
     let mut i = inline_from;
     while i < end {
         if matches!(bytes[i], b',' | b';' | b'.') {
@@ -226,9 +229,13 @@ fn scan_line(text: &str, start: usize, end: usize, out: &mut Vec<Header>) {
             while j < end && (bytes[j] == b' ' || bytes[j] == b'\t') {
                 j += 1;
             }
+            if next_colon.is_none_or(|c| c < j) {
+                next_colon = Some(memchr::memchr(b':', &bytes[j..end]).map_or(end, |c| j + c));
+            }
             if j < end
                 && bytes[j].is_ascii_alphabetic()
                 && !(bytes[i] == b'.' && j == i + 1)
+                && next_colon.is_some_and(|c| c < (j + MAX_TITLE + 1).min(end))
                 && let Some(h) = colon_header(text, j, end, false)
             {
                 i = h.body_start;
