@@ -223,23 +223,24 @@ fn scan_line(text: &str, start: usize, end: usize, out: &mut Vec<Header>) {
     let bytes = text.as_bytes();
     let mut next_colon = None;
     let mut i = inline_from;
-    while i < end {
-        if matches!(bytes[i], b',' | b';' | b'.') {
-            let mut j = i + 1;
-            while j < end && (bytes[j] == b' ' || bytes[j] == b'\t') {
-                j += 1;
-            }
+    while let Some(k) = memchr::memchr3(b',', b';', b'.', &bytes[i..end]) {
+        i += k;
+        let mut j = i + 1;
+        while j < end && (bytes[j] == b' ' || bytes[j] == b'\t') {
+            j += 1;
+        }
+        if j < end && bytes[j].is_ascii_alphabetic() && !(bytes[i] == b'.' && j == i + 1) {
             if next_colon.is_none_or(|c| c < j) {
                 next_colon = Some(memchr::memchr(b':', &bytes[j..end]).map_or(end, |c| j + c));
             }
-            if j < end
-                && bytes[j].is_ascii_alphabetic()
-                && !(bytes[i] == b'.' && j == i + 1)
-                && next_colon.is_some_and(|c| c < (j + MAX_TITLE + 1).min(end))
+            if next_colon.is_some_and(|c| c < (j + MAX_TITLE + 1).min(end))
                 && let Some(h) = colon_header(text, j, end, false)
             {
                 i = h.body_start;
                 out.push(h);
+                if i >= end {
+                    break;
+                }
                 continue;
             }
         }
