@@ -132,18 +132,27 @@ impl PhraseMatcher {
     }
 
     fn push_prepared(&self, text: &str, p: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
+        self.push_words(text, &p.folded, &p.words, offset, out);
+        if !self.compiled.trie.pure.is_empty() {
+            self.push_pure(text, p, offset, out);
+        }
+    }
+
+    /// The matches of every pattern with words that starts at one of `words` (spans of the text, in order, a
+    /// run of `prepare(text).words`; `folded` that preparation's folded text) and takes its words from them.
+    fn push_words(&self, text: &str, folded: &[u8], words: &[(u32, u32)], offset: u32, out: &mut Vec<PhraseMatch>) {
         let t = &self.compiled.trie;
         let src = text.as_bytes();
         // Per word: its id and the node of the patterns it starts (`NONE`s when no pattern has it).
         let mut found: Vec<(u32, u32)> = Vec::new();
-        t.words.get_all_at(&p.folded, &p.words, &mut found);
+        t.words.get_all_at(folded, words, &mut found);
         let walk = |mut node: u32, mut j: usize, start: usize, out: &mut Vec<PhraseMatch>| loop {
-            let end = p.words[j].1 as usize;
+            let end = words[j].1 as usize;
             for &g in t.outs(node) {
                 self.emit(text, start, end, g, offset, out);
             }
             for &[a, b, g] in t.trails(node) {
-                let after = &src[end..p.words.get(j + 1).map_or(src.len(), |w| w.0 as usize)];
+                let after = &src[end..words.get(j + 1).map_or(src.len(), |w| w.0 as usize)];
                 if let Some(e) = collapsed_prefix_end(after, &t.trail_text[a as usize..b as usize]) {
                     self.emit(text, start, end + e, g, offset, out);
                 }
@@ -152,7 +161,7 @@ impl PhraseMatcher {
             if next == NONE || !t.has_children(node) {
                 return;
             }
-            let sep = sep_id(t, &src[end..p.words[j + 1].0 as usize]);
+            let sep = sep_id(t, &src[end..words[j + 1].0 as usize]);
             if sep == NONE || !t.may_have_child(node, sep, next) {
                 return;
             }
@@ -163,14 +172,14 @@ impl PhraseMatcher {
             j += 1;
         };
         for (j, &(w, node)) in found.iter().enumerate() {
-            let start = p.words[j].0 as usize;
+            let start = words[j].0 as usize;
             if node != NONE {
                 walk(node, j, start, out);
             }
             if w == NONE || t.leads.is_empty() {
                 continue;
             }
-            let before_from = if j == 0 { 0 } else { p.words[j - 1].1 as usize };
+            let before_from = if j == 0 { 0 } else { words[j - 1].1 as usize };
             let before = &src[before_from..start];
             let Some(&last) = before.last() else { continue };
             if !self.lead_last[if last.is_ascii_whitespace() { b' ' } else { last } as usize] {
@@ -184,9 +193,6 @@ impl PhraseMatcher {
                     }
                 }
             }
-        }
-        if !t.pure.is_empty() {
-            self.push_pure(text, p, offset, out);
         }
     }
 
@@ -274,6 +280,31 @@ impl PhraseMatcher {
     /// Non-overlapping occurrences: leftmost first, longest at a position.
     pub fn find(&self, text: &str) -> Vec<PhraseMatch> {
         select_longest(self.find_all(text))
+    }
+
+    /// `find(&text[from..to])` (offsets from `from`), reading the words of `prepared = prepare(text)` instead
+    /// of preparing the piece again: the same matches, as a match inside the piece sees the same words and
+    /// separators either way — provided no word crosses the piece's ends (a sentence cut inside a word: then it
+    /// prepares the piece) and the matcher has no wordless patterns (which it matches on the piece). Matches
+    /// reaching out of the piece (a lead before it, a trail after it) are dropped before the selection.
+    pub fn find_within(&self, text: &str, prepared: &Prepared, from: usize, to: usize) -> Vec<PhraseMatch> {
+        let words = &prepared.words;
+        let a = words.partition_point(|w| (w.1 as usize) <= from);
+        let b = words.partition_point(|w| (w.0 as usize) < to).max(a);
+        let cut = words.get(a).is_some_and(|w| (w.0 as usize) < from) || (b > a && words[b - 1].1 as usize > to);
+        if cut || !self.compiled.trie.pure.is_empty() {
+            return self.find(&text[from..to]);
+        }
+        let mut out = Vec::new();
+        self.push_words(text, &prepared.folded, &words[a..b], 0, &mut out);
+        out.retain(|m| m.start >= from && m.end <= to);
+        out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
+        let mut out = select_longest(out);
+        for m in &mut out {
+            m.start -= from;
+            m.end -= from;
+        }
+        out
     }
 }
 
@@ -623,6 +654,46 @@ mod tests {
                 assert_eq!(value, values[id as usize]);
             }
         }
+    }
+
+    /// `find_within` on any piece of a text is `find` on that piece alone: leads before it and trails after it
+    /// do not leak in, pieces cut inside a word (and matchers with wordless phrases) take the piece's own split,
+    /// ASCII pieces of non-ASCII texts split alike.
+    #[test]
+    fn finding_within_a_prepared_text_is_finding_in_the_piece() {
+        let with_words: Vec<(&str, bool)> = vec![
+            ("pain", false),
+            ("chest pain", false),
+            ("MS", true),
+            ("(+)-x", false),
+            ("b.p.", false),
+            ("x )", false),
+            ("-1", false),
+            ("é", false),
+            ("no", false),
+            ("no chest", false),
+        ];
+        let wordless: Vec<(&str, bool)> = with_words.iter().copied().chain([("+)", false)]).collect();
+        let texts = [
+            "no chest pain (+)-x y(+)-xz B.P. b.p.q -1. MS ms x ) x  )",
+            "café pain; no  chest\n pain é-1 (+)-x é",
+            "chestpain no-pain (+)-x)(+)-x ",
+        ];
+        let mut compared = 0;
+        for phrases in [&with_words, &wordless] {
+            let m = PhraseMatcher::new(phrases.iter().copied()).unwrap();
+            for text in texts {
+                let p = prepare(text);
+                let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+                for (k, &from) in bounds.iter().enumerate() {
+                    for &to in &bounds[k..] {
+                        assert_eq!(m.find_within(text, &p, from, to), m.find(&text[from..to]), "{:?}", &text[from..to]);
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 5_000, "{compared}");
     }
 
     #[test]

@@ -295,9 +295,18 @@ impl Lexicon {
     /// `find`, and the gloss words of the text (`gloss::Glosses::hits`; none without glosses), from one split of
     /// the text into words.
     pub fn find_with_gloss_hits(&self, text: &str) -> (Vec<TermMatch>, Vec<gloss::Hit>) {
-        let prepared = matcher::prepare(text);
-        let hits = self.glosses.as_ref().map(|g| g.hits_prepared(text, &prepared)).unwrap_or_default();
-        (self.find_prepared(text, &prepared), hits)
+        self.find_with_gloss_hits_prepared(text, &matcher::prepare(text))
+    }
+
+    /// `find_with_gloss_hits` on a text already prepared (`matcher::prepare(text)`), for callers that read its
+    /// words again (the ConText cues of each sentence).
+    pub fn find_with_gloss_hits_prepared(
+        &self,
+        text: &str,
+        prepared: &matcher::Prepared,
+    ) -> (Vec<TermMatch>, Vec<gloss::Hit>) {
+        let hits = self.glosses.as_ref().map(|g| g.hits_prepared(text, prepared)).unwrap_or_default();
+        (self.find_prepared(text, prepared), hits)
     }
 
     fn find_prepared(&self, text: &str, prepared: &matcher::Prepared) -> Vec<TermMatch> {

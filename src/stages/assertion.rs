@@ -162,15 +162,40 @@ pub fn assert_sentence(
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Assertion> {
+    let cues = rules.matcher.find(&text[sentence.0..sentence.1]);
+    assert_with_cues(text, sentence, mentions, cues, rules, p)
+}
+
+/// `assert_sentence` in a text already prepared for matching (`matcher::prepare(text)`): the cues are read off
+/// its words (`PhraseMatcher::find_within`) instead of preparing each sentence again.
+pub fn assert_sentence_prepared(
+    text: &str,
+    prepared: &crate::lexicon::matcher::Prepared,
+    sentence: (usize, usize),
+    mentions: &[(usize, usize)],
+    rules: &ContextRules,
+    p: &AssertionParams,
+) -> Vec<Assertion> {
+    let cues = rules.matcher.find_within(text, prepared, sentence.0, sentence.1);
+    assert_with_cues(text, sentence, mentions, cues, rules, p)
+}
+
+/// The assertions given the cue matches of the sentence (offsets in the sentence, leftmost-longest).
+fn assert_with_cues(
+    text: &str,
+    sentence: (usize, usize),
+    mentions: &[(usize, usize)],
+    cues: Vec<PhraseMatch>,
+    rules: &ContextRules,
+    p: &AssertionParams,
+) -> Vec<Assertion> {
     let (s0, s1) = sentence;
     let sent = &text[s0..s1];
     // A cue strictly inside a mention is part of the term ("no" in a drug name); a cue that covers a mention
     // ("nonsmoker", "differential diagnosis") applies to it.
     let inside_mention = |a: usize, b: usize| mentions.iter().any(|&(ms, me)| ms <= a && b <= me && (ms, me) != (a, b));
     // Cues, longest first (pseudo-cues hide the cues they contain), minus those inside mentions.
-    let hits: Vec<CueHit> = rules
-        .matcher
-        .find(sent)
+    let hits: Vec<CueHit> = cues
         .into_iter()
         .map(|PhraseMatch { start, end, phrase }| CueHit { start: start + s0, end: end + s0, phrase })
         .filter(|h| !inside_mention(h.start, h.end))
@@ -277,6 +302,48 @@ pub fn apply_section_defaults(section: &str, a: &mut Assertion) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cues read off the note's own word split give every sentence of real notes the assertions that the
+    /// sentence prepared alone gives (short sentences cut inside words included).
+    #[test]
+    fn sentences_of_a_prepared_note_assert_as_alone() {
+        use crate::stages::{sections, sentences};
+        let notes = [
+            include_str!("../../tests/fixtures/mtsamples/17-cardiovascular--pulmonary.txt"),
+            include_str!("../../tests/fixtures/mtsamples/1506-radiology.txt"),
+            include_str!("../../tests/fixtures/mtsamples/1288-soap--chart--progress-notes.txt"),
+            include_str!("../../tests/fixtures/mtsamples/1758-psychiatry--psychology.txt"),
+        ];
+        let settings = crate::config::Settings::load_from(None, Some(Default::default())).unwrap();
+        let rules = ContextRules::builtin();
+        let p = AssertionParams::default();
+        let lexicon = crate::lexicon::Lexicon::builtin();
+        let (mut sentences_seen, mut asserted) = (0, 0);
+        for note in notes {
+            let prepared = crate::lexicon::matcher::prepare(note);
+            let secs = sections::split(note, &sections::SectionParams::from_settings(&settings));
+            for max in [settings.sentences.max_sentence_bytes, 40] {
+                let sents = sentences::split(note, &secs, &sentences::SentenceParams { max_sentence_bytes: max });
+                for s in &sents {
+                    let spans: Vec<(usize, usize)> = lexicon
+                        .find(&note[s.start..s.end])
+                        .iter()
+                        .map(|t| (s.start + t.start, s.start + t.end))
+                        .collect();
+                    let alone = assert_sentence(note, (s.start, s.end), &spans, rules, &p);
+                    let within = assert_sentence_prepared(note, &prepared, (s.start, s.end), &spans, rules, &p);
+                    assert_eq!(alone, within, "sentence at {}..{}", s.start, s.end);
+                    assert_eq!(
+                        rules.matcher.find(&note[s.start..s.end]),
+                        rules.matcher.find_within(note, &prepared, s.start, s.end)
+                    );
+                    sentences_seen += 1;
+                    asserted += alone.iter().filter(|a| **a != Assertion::default()).count();
+                }
+            }
+        }
+        assert!(sentences_seen > 200 && asserted > 10, "{sentences_seen} sentences, {asserted} asserted");
+    }
 
     fn assert_one(sentence: &str, mention: &str) -> Assertion {
         let start = sentence.find(mention).expect("mention in sentence");

@@ -21,7 +21,8 @@ pub fn extract(
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Mention> {
-    let (matches, hits) = lexicon.find_with_gloss_hits(text);
+    let prepared = crate::lexicon::matcher::prepare(text);
+    let (matches, hits) = lexicon.find_with_gloss_hits_prepared(text, &prepared);
     let glosses = lexicon.glosses();
     let mut h = 0;
     let mention = |t: TermMatch, sentence: usize, section: usize| Mention {
@@ -70,7 +71,7 @@ pub fn extract(
         }
         if out.len() > first {
             let spans: Vec<(usize, usize)> = out[first..].iter().map(|x| (x.start, x.end)).collect();
-            let asserted = assertion::assert_sentence(text, (s.start, s.end), &spans, rules, p);
+            let asserted = assertion::assert_sentence_prepared(text, &prepared, (s.start, s.end), &spans, rules, p);
             for (mention, mut a) in out[first..].iter_mut().zip(asserted) {
                 assertion::apply_section_defaults(sections[s.section].name, &mut a);
                 mention.assertion = a;
