@@ -39,6 +39,15 @@ pub struct Glosses {
     /// The same words by id (the automaton's pattern index): an ASCII text's gloss words are those of its words
     /// (`matcher::Prepared`) found here.
     vocab: Vocab,
+    /// One bit per (first byte, second byte or 0 for one-letter words) of the gloss words, lower-case: most of a
+    /// text's words are passed over on it, without hashing them for `vocab`.
+    heads: Vec<u64>,
+}
+
+/// A word's index in `Glosses::heads`: its first two bytes (lower-case), the second 0 for a one-byte word.
+#[inline]
+fn head_key(word: &[u8]) -> usize {
+    usize::from(word[0]) | usize::from(if word.len() > 1 { word[1] } else { 0 }) << 8
 }
 
 /// A gloss word in a text: its span and its pattern.
@@ -132,6 +141,11 @@ impl Glosses {
             g.words = Some(ac);
             let strings: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
             g.vocab = Vocab::build(&strings, &vec![0; strings.len()]);
+            g.heads = vec![0; (1 << 16) / 64];
+            for w in &strings {
+                let key = head_key(&w.to_ascii_lowercase());
+                g.heads[key / 64] |= 1 << (key % 64);
+            }
         }
         Ok(g)
     }
@@ -180,6 +194,10 @@ impl Glosses {
         p.words
             .iter()
             .filter_map(|&(a, b)| {
+                let key = head_key(&p.folded[a as usize..b as usize]);
+                if self.heads[key / 64] >> (key % 64) & 1 == 0 {
+                    return None;
+                }
                 let (word, _) = self.vocab.get_at(&p.folded, a as usize, b as usize);
                 (word != NONE).then_some(Hit { start: a as usize, end: b as usize, word })
             })
