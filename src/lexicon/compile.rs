@@ -17,7 +17,7 @@
 //! (`Vocab`, open addressing over the folded bytes), the patterns form a trie over (separator, word) steps whose
 //! edges are one hash table keyed by (node, separator, word); a word's slot in the vocabulary also holds the node
 //! of the patterns it starts, and each node a 32-bit filter of its edges. A text's words are looked up once each
-//! (in blocks: a block's slots are prefetched before they are probed, so the misses overlap), then a walk starts at
+//! (each slot prefetched some words before it is probed, so the misses overlap), then a walk starts at
 //! every word and stops at the first step no pattern takes: a few table reads per word,
 //! where the byte-wise Aho-Corasick automaton it replaced made one dependent read per byte into 11.7 MB
 //! (`docs/benchmarks.md`, 2026-11-24, seventh).
@@ -166,26 +166,30 @@ impl Vocab {
         self.probe(buf, a, b, head, h)
     }
 
-    /// `get_at` of every span of `spans` (none empty), in order, into `out`. The slots of a block of spans are
-    /// fetched ahead (their hashes computed first, then a prefetch each), so the table's cache misses overlap
-    /// instead of each stalling the probe that needs it.
+    /// `get_at` of every span of `spans` (none empty), in order, into `out`. The slot of the span `AHEAD` places
+    /// on is prefetched before a span is probed (its hash kept in a ring until then), so the table's cache misses
+    /// overlap instead of each stalling the probe that needs it.
     pub fn get_all_at(&self, buf: &[u8], spans: &[(u32, u32)], out: &mut Vec<(u32, u32)>) {
-        const BLOCK: usize = 32;
+        const AHEAD: usize = 16;
         out.reserve(spans.len());
         if self.is_empty() {
             out.extend(spans.iter().map(|_| (NONE, NONE)));
             return;
         }
         let mask = self.slots.len() - 1;
-        let mut keys = [(0u64, 0u64); BLOCK];
-        for block in spans.chunks(BLOCK) {
-            for (key, &(a, b)) in keys.iter_mut().zip(block) {
-                *key = Self::key_at(buf, a as usize, b as usize);
+        let mut ring = [(0u64, 0u64); AHEAD];
+        for (key, &(a, b)) in ring.iter_mut().zip(spans) {
+            *key = Self::key_at(buf, a as usize, b as usize);
+            prefetch(&self.slots[key.1 as usize & mask]);
+        }
+        for (j, &(a, b)) in spans.iter().enumerate() {
+            let (head, h) = ring[j % AHEAD];
+            if let Some(&(a2, b2)) = spans.get(j + AHEAD) {
+                let key = Self::key_at(buf, a2 as usize, b2 as usize);
                 prefetch(&self.slots[key.1 as usize & mask]);
+                ring[j % AHEAD] = key;
             }
-            for (&(head, h), &(a, b)) in keys.iter().zip(block) {
-                out.push(self.probe(buf, a as usize, b as usize, head, h));
-            }
+            out.push(self.probe(buf, a as usize, b as usize, head, h));
         }
     }
 
@@ -198,7 +202,7 @@ impl Vocab {
         (head, hash_parts(head, &buf[(a + 8).min(b)..b], len))
     }
 
-    #[inline]
+    #[inline(always)]
     fn probe(&self, buf: &[u8], a: usize, b: usize, head: u64, h: u64) -> (u32, u32) {
         let len = b - a;
         let mask = self.slots.len() - 1;

@@ -615,7 +615,7 @@ mod tests {
         }
     }
 
-    /// The batched lookup (hashes and prefetches of a block first, then the probes) gives what one lookup at a
+    /// The batched lookup (each slot prefetched some spans ahead of its probe) gives what one lookup at a
     /// time gives, for words held and not held, short and long (over 8 bytes: compared past the slot), across
     /// block edges.
     #[test]
