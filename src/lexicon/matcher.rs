@@ -355,7 +355,7 @@ pub fn prepare(text: &str) -> Prepared {
 /// letter or a digit. Each range test adds a constant that carries into a byte's top bit exactly from the range's
 /// bound up; bytes below 0x80 never carry into their neighbour.
 #[inline]
-fn ascii_alnum_bits(x: u64) -> u64 {
+pub(crate) fn ascii_alnum_bits(x: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const TOP: u64 = 0x8080_8080_8080_8080;
     let at_least = |v: u64, lo: u8| v + ONES * u64::from(0x80 - lo);
@@ -364,6 +364,17 @@ fn ascii_alnum_bits(x: u64) -> u64 {
     let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
     // The top bits, byte i's at bit 8i + 7, gathered into bits 56 + i by one multiply.
     (((letter | digit) & TOP) >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
+}
+
+/// Like `ascii_alnum_bits`, for the ASCII characters `char::is_whitespace` takes (9–13 and space).
+#[inline]
+pub(crate) fn ascii_space_bits(x: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const TOP: u64 = 0x8080_8080_8080_8080;
+    let at_least = |v: u64, lo: u8| v + ONES * u64::from(0x80 - lo);
+    let control = at_least(x, b'\t') & !at_least(x, b'\r' + 1);
+    let space = at_least(x, b' ') & !at_least(x, b' ' + 1);
+    (((control | space) & TOP) >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
 }
 
 /// The words of an ASCII text, 64 bytes at a time: a mask of its letters and digits (8 bytes per step,
@@ -610,6 +621,11 @@ mod tests {
                     let want =
                         bytes.iter().enumerate().fold(0u64, |m, (k, c)| m | u64::from(c.is_ascii_alphanumeric()) << k);
                     assert_eq!(ascii_alnum_bits(u64::from_le_bytes(bytes)), want, "{b:#x} at {i} among {fill:#x}");
+                    let spaces = bytes
+                        .iter()
+                        .enumerate()
+                        .fold(0u64, |m, (k, &c)| m | u64::from(char::from(c).is_whitespace()) << k);
+                    assert_eq!(ascii_space_bits(u64::from_le_bytes(bytes)), spaces, "{b:#x} at {i} among {fill:#x}");
                 }
             }
         }

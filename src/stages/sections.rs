@@ -223,7 +223,9 @@ fn scan_line(text: &str, start: usize, end: usize, out: &mut Vec<Header>) {
     let bytes = text.as_bytes();
     let mut next_colon = None;
     let mut i = inline_from;
-    while let Some(k) = memchr::memchr3(b',', b';', b'.', &bytes[i..end]) {
+    while i < end
+        && let Some(k) = memchr::memchr3(b',', b';', b'.', &bytes[i..end])
+    {
         i += k;
         let mut j = i + 1;
         while j < end && (bytes[j] == b' ' || bytes[j] == b'\t') {
@@ -238,9 +240,6 @@ fn scan_line(text: &str, start: usize, end: usize, out: &mut Vec<Header>) {
             {
                 i = h.body_start;
                 out.push(h);
-                if i >= end {
-                    break;
-                }
                 continue;
             }
         }
