@@ -63,6 +63,14 @@ pub fn parse(bytes: &[u8], p: &DecodeParams) -> Result<DocumentReference, DocErr
             Err(e) => json_error(&e),
         });
     }
+    // The common case in one pass without path tracking: a well-formed DocumentReference. Anything else (another
+    // resource type, every error) takes the path below, which names what is wrong as if this had not been tried:
+    // a document this parse accepts, the probe and the tracked parse accept alike.
+    if let Ok(doc) = serde_json::from_slice::<DocumentReference>(bytes)
+        && doc.resource_type.as_deref() == Some("DocumentReference")
+    {
+        return Ok(doc);
+    }
     let probe: Probe<'_> = serde_json::from_slice(bytes).map_err(|e| {
         if e.is_data() && !e.to_string().starts_with("duplicate field") {
             DocError::decode(ErrorCode::InvalidFhir, "resourceType: wrong type, expected a string")
@@ -377,6 +385,22 @@ mod tests {
         let e = decode(json, &params()).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidFhir);
         assert!(!e.detail.contains("John"), "{}", e.detail);
+    }
+
+    /// Other resources — also ones a DocumentReference parse would accept — and duplicate keys get the codes
+    /// that say so; a DocumentReference parses to itself.
+    #[test]
+    fn resource_types_and_duplicates_are_told_apart() {
+        let code = |json: &str| parse(json.as_bytes(), &params()).map(|d| d.id).map_err(|e| e.code);
+        assert_eq!(code(r#"{"resourceType":"DocumentReference","id":"a"}"#), Ok(Some("a".into())));
+        assert_eq!(code(r#"{"resourceType":"Patient","id":"a","status":"x"}"#), Err(ErrorCode::WrongResourceType));
+        assert_eq!(code(r#"{"resourceType":"Bundle","type":"collection"}"#), Err(ErrorCode::BundleWithoutDocuments));
+        assert_eq!(code(r#"{"resourceType":"Bundle","id":"b"}"#), Err(ErrorCode::BundleWithoutDocuments));
+        assert_eq!(code(r#"{"id":"a","status":"current"}"#), Err(ErrorCode::MissingResourceType));
+        assert_eq!(code(r#"{"resourceType":7,"id":"a"}"#), Err(ErrorCode::InvalidFhir));
+        assert_eq!(code(r#"{"resourceType":"DocumentReference","id":"a","id":"b"}"#), Err(ErrorCode::DuplicateKey));
+        assert!(code(r#"{"resourceType":"DocumentReference","resourceType":"DocumentReference"}"#).is_err());
+        assert_eq!(code(r#"{"resourceType":"DocumentReference","id":"a"} x"#), Err(ErrorCode::InvalidJson));
     }
 
     #[test]
