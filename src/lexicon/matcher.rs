@@ -552,16 +552,17 @@ fn same_but_spaces(text: &[u8], phrase: &[u8]) -> bool {
 }
 
 /// Keeps leftmost-longest non-overlapping matches from matches sorted by (start, longest first).
-pub fn select_longest(sorted: Vec<PhraseMatch>) -> Vec<PhraseMatch> {
-    let mut out: Vec<PhraseMatch> = Vec::with_capacity(sorted.len());
+pub fn select_longest(mut sorted: Vec<PhraseMatch>) -> Vec<PhraseMatch> {
     let mut covered = 0;
-    for m in sorted {
-        if m.start >= covered {
+    // In place: `retain` visits the matches in order.
+    sorted.retain(|m| {
+        let keep = m.start >= covered;
+        if keep {
             covered = m.end;
-            out.push(m);
         }
-    }
-    out
+        keep
+    });
+    sorted
 }
 
 #[cfg(test)]

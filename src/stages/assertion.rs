@@ -265,16 +265,21 @@ fn colon_none_follows(after: &str) -> bool {
 fn count_words(text: &str, a: usize, b: usize, mentions: &[(usize, usize)]) -> usize {
     let mut n = 0;
     let mut i = a;
+    // The character at `i`, ASCII without decoding.
+    let char_at = |i: usize| match text.as_bytes()[i] {
+        byte if byte < 0x80 => char::from(byte),
+        _ => text[i..].chars().next().unwrap_or(' '),
+    };
     while i < b {
         // Skip non-word characters.
-        let c = text[i..].chars().next().unwrap_or(' ');
+        let c = char_at(i);
         if !c.is_alphanumeric() {
             i += c.len_utf8();
             continue;
         }
         let start = i;
         while i < b {
-            let c = text[i..].chars().next().unwrap_or(' ');
+            let c = char_at(i);
             if !(c.is_alphanumeric() || c == '\'' || c == '/' || c == '-') {
                 break;
             }

@@ -35,6 +35,7 @@ pub fn extract(
         assertion: Assertion::default(),
     };
     let mut out = Vec::with_capacity(matches.len());
+    let mut spans: Vec<(usize, usize)> = Vec::new();
     let mut m = 0;
     for (si, s) in sentences.iter().enumerate() {
         while m < matches.len() && matches[m].start < s.start {
@@ -70,7 +71,8 @@ pub fn extract(
             }
         }
         if out.len() > first {
-            let spans: Vec<(usize, usize)> = out[first..].iter().map(|x| (x.start, x.end)).collect();
+            spans.clear();
+            spans.extend(out[first..].iter().map(|x| (x.start, x.end)));
             let asserted = assertion::assert_sentence_prepared(text, &prepared, (s.start, s.end), &spans, rules, p);
             for (mention, mut a) in out[first..].iter_mut().zip(asserted) {
                 assertion::apply_section_defaults(sections[s.section].name, &mut a);
