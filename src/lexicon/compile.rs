@@ -166,28 +166,46 @@ impl Vocab {
         self.probe(buf, a, b, head, h)
     }
 
-    /// `get_at` of every span of `spans` (none empty), in order, into `out`. The slot of the span `AHEAD` places
-    /// on is prefetched before a span is probed (its hash kept in a ring until then), so the table's cache misses
-    /// overlap instead of each stalling the probe that needs it.
+    /// `get_at` of every span of `spans` (none empty), in order, into `out`.
     pub fn get_all_at(&self, buf: &[u8], spans: &[(u32, u32)], out: &mut Vec<(u32, u32)>) {
+        let mut keys = Vec::new();
+        Self::keys(buf, spans, &mut keys);
+        self.get_all_keyed(buf, spans, &keys, out);
+    }
+
+    /// The key (padded head, hash) of every span of `spans` (none empty) of `buf` (padded: 8 bytes past each
+    /// span's start), into `out`. Every vocabulary hashes alike, so one text's keys serve every vocabulary that
+    /// looks its words up (`get_all_keyed`).
+    pub fn keys(buf: &[u8], spans: &[(u32, u32)], out: &mut Vec<(u64, u64)>) {
+        out.reserve(spans.len());
+        out.extend(spans.iter().map(|&(a, b)| Self::key_at(buf, a as usize, b as usize)));
+    }
+
+    /// `get_at` of every span of `spans`, in order, into `out`, given their keys (`Vocab::keys` of the same
+    /// spans). In a large table the slot of the span `AHEAD` places on is prefetched before a span is probed, so
+    /// the table's cache misses overlap instead of each stalling the probe that needs it.
+    pub fn get_all_keyed(&self, buf: &[u8], spans: &[(u32, u32)], keys: &[(u64, u64)], out: &mut Vec<(u32, u32)>) {
         const AHEAD: usize = 16;
+        debug_assert_eq!(spans.len(), keys.len());
         out.reserve(spans.len());
         if self.is_empty() {
             out.extend(spans.iter().map(|_| (NONE, NONE)));
             return;
         }
         let mask = self.slots.len() - 1;
-        let mut ring = [(0u64, 0u64); AHEAD];
-        for (key, &(a, b)) in ring.iter_mut().zip(spans) {
-            *key = Self::key_at(buf, a as usize, b as usize);
-            prefetch(&self.slots[key.1 as usize & mask]);
+        // A table of up to 64 KB stays in cache: no prefetching.
+        if self.slots.len() <= 4096 {
+            for (&(a, b), &(head, h)) in spans.iter().zip(keys) {
+                out.push(self.probe(buf, a as usize, b as usize, head, h));
+            }
+            return;
         }
-        for (j, &(a, b)) in spans.iter().enumerate() {
-            let (head, h) = ring[j % AHEAD];
-            if let Some(&(a2, b2)) = spans.get(j + AHEAD) {
-                let key = Self::key_at(buf, a2 as usize, b2 as usize);
-                prefetch(&self.slots[key.1 as usize & mask]);
-                ring[j % AHEAD] = key;
+        for &(_, h) in keys.iter().take(AHEAD) {
+            prefetch(&self.slots[h as usize & mask]);
+        }
+        for (j, (&(a, b), &(head, h))) in spans.iter().zip(keys).enumerate() {
+            if let Some(&(_, ahead)) = keys.get(j + AHEAD) {
+                prefetch(&self.slots[ahead as usize & mask]);
             }
             out.push(self.probe(buf, a as usize, b as usize, head, h));
         }

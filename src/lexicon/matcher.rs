@@ -132,20 +132,29 @@ impl PhraseMatcher {
     }
 
     fn push_prepared(&self, text: &str, p: &Prepared, offset: u32, out: &mut Vec<PhraseMatch>) {
-        self.push_words(text, &p.folded, &p.words, offset, out);
+        self.push_words(text, &p.folded, &p.words, &p.keys, offset, out);
         if !self.compiled.trie.pure.is_empty() {
             self.push_pure(text, p, offset, out);
         }
     }
 
     /// The matches of every pattern with words that starts at one of `words` (spans of the text, in order, a
-    /// run of `prepare(text).words`; `folded` that preparation's folded text) and takes its words from them.
-    fn push_words(&self, text: &str, folded: &[u8], words: &[(u32, u32)], offset: u32, out: &mut Vec<PhraseMatch>) {
+    /// run of `prepare(text).words`, `keys` the same run of its keys; `folded` that preparation's folded text)
+    /// and takes its words from them.
+    fn push_words(
+        &self,
+        text: &str,
+        folded: &[u8],
+        words: &[(u32, u32)],
+        keys: &[(u64, u64)],
+        offset: u32,
+        out: &mut Vec<PhraseMatch>,
+    ) {
         let t = &self.compiled.trie;
         let src = text.as_bytes();
         // Per word: its id and the node of the patterns it starts (`NONE`s when no pattern has it).
         let mut found: Vec<(u32, u32)> = Vec::new();
-        t.words.get_all_at(folded, words, &mut found);
+        t.words.get_all_keyed(folded, words, keys, &mut found);
         let walk = |mut node: u32, mut j: usize, start: usize, out: &mut Vec<PhraseMatch>| loop {
             let end = words[j].1 as usize;
             for &g in t.outs(node) {
@@ -296,7 +305,7 @@ impl PhraseMatcher {
             return self.find(&text[from..to]);
         }
         let mut out = Vec::new();
-        self.push_words(text, &prepared.folded, &words[a..b], 0, &mut out);
+        self.push_words(text, &prepared.folded, &words[a..b], &prepared.keys[a..b], 0, &mut out);
         out.retain(|m| m.start >= from && m.end <= to);
         out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
         let mut out = select_longest(out);
@@ -333,6 +342,8 @@ pub struct Prepared {
     pub words: Vec<(u32, u32)>,
     /// Whether the text is all ASCII.
     pub ascii: bool,
+    /// The vocabulary key of each word (`compile::Vocab::keys`): hashed once, read by every matcher.
+    pub keys: Vec<(u64, u64)>,
 }
 
 /// The text folded and split into words, once for every matcher that reads it.
@@ -348,7 +359,9 @@ pub fn prepare(text: &str) -> Prepared {
     let mut folded = Vec::with_capacity(src.len() + 8);
     folded.extend(src.iter().map(u8::to_ascii_lowercase));
     folded.extend_from_slice(&[0; 8]);
-    Prepared { folded, words, ascii }
+    let mut keys = Vec::new();
+    compile::Vocab::keys(&folded, &words, &mut keys);
+    Prepared { folded, words, ascii, keys }
 }
 
 /// One bit per byte of 8 ASCII bytes (little-endian `x`, every byte below 0x80): bit `i` set when byte `i` is a
@@ -637,7 +650,14 @@ mod tests {
     /// block edges.
     #[test]
     fn batched_vocabulary_lookups_are_the_single_ones() {
-        let held: Vec<Vec<u8>> = (0..500u32)
+        // A table that stays in cache (probed as it is) and one that does not (its slots prefetched ahead).
+        for size in [500u32, 5_000] {
+            batched_lookups_of_a_vocabulary(size);
+        }
+    }
+
+    fn batched_lookups_of_a_vocabulary(size: u32) {
+        let held: Vec<Vec<u8>> = (0..size)
             .map(|i| format!("{}w{i}", "x".repeat((i % 23) as usize)).into_bytes())
             .chain([b"a".to_vec(), b"pain".to_vec(), b"hypercholesterolemia".to_vec()])
             .collect();
@@ -663,6 +683,18 @@ mod tests {
         vocab.get_all_at(&text, &spans, &mut batched);
         let single: Vec<(u32, u32)> = spans.iter().map(|&(a, b)| vocab.get_at(&text, a as usize, b as usize)).collect();
         assert_eq!(batched, single);
+        // The keys of a text, hashed once, serve any vocabulary: the small one looks up the same words alike.
+        let mut keys = Vec::new();
+        compile::Vocab::keys(&text, &spans, &mut keys);
+        let mut keyed = Vec::new();
+        vocab.get_all_keyed(&text, &spans, &keys, &mut keyed);
+        assert_eq!(keyed, single);
+        let small = compile::Vocab::build(&held[..8], &values[..8]);
+        let (mut from_keys, mut own) = (Vec::new(), Vec::new());
+        small.get_all_keyed(&text, &spans, &keys, &mut from_keys);
+        small.get_all_at(&text, &spans, &mut own);
+        assert_eq!(from_keys, own);
+        assert!(own.iter().any(|&(id, _)| id != NONE) && own.iter().any(|&(id, _)| id == NONE));
         let found = single.iter().filter(|&&(id, _)| id != NONE).count();
         assert!(found >= 500 && found < single.len(), "{found} of {} held", single.len());
         for (&(a, b), &(id, value)) in spans.iter().zip(&single) {
