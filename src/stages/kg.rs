@@ -15,6 +15,8 @@
 //! `op = upsert` (replace this document's contribution with these facts) or `retract` (entered-in-error: remove
 //! it), plus the documents it `replaces`. Pure and synchronous.
 
+use std::sync::OnceLock;
+
 use rustc_hash::FxHashMap;
 use sha1::Digest as _;
 
@@ -38,6 +40,28 @@ pub fn stable_id(prefix: &str, parts: &[&str]) -> String {
         id.push(HEX[(b & 0xf) as usize] as char);
     }
     id
+}
+
+/// Each concept's node id (`stable_id("n", ["concept", concept id])`), hashed the first time a note meets the
+/// concept and kept for the life of the process: a concept's id never changes in a compiled lexicon. One per
+/// compiled lexicon (`stages::Compiled`), shared by every worker thread; concepts past its end (another
+/// lexicon's) are hashed each time.
+#[derive(Debug, Default)]
+pub struct ConceptIds(Vec<OnceLock<Box<str>>>);
+
+impl ConceptIds {
+    /// Room for the concepts of `lexicon`.
+    pub fn new(lexicon: &Lexicon) -> Self {
+        Self((0..lexicon.concepts().count()).map(|_| OnceLock::new()).collect())
+    }
+
+    fn get(&self, lexicon: &Lexicon, concept: u32) -> String {
+        let hash = || stable_id("n", &["concept", &lexicon.concept(concept).id]);
+        match self.0.get(concept as usize) {
+            Some(slot) => slot.get_or_init(|| hash().into()).to_string(),
+            None => hash(),
+        }
+    }
 }
 
 fn assertion_name(a: &Assertion) -> Option<&'static str> {
@@ -107,6 +131,7 @@ pub fn delta(
     sections: &[Section],
     mentions: &[Mention],
     lexicon: &Lexicon,
+    ids: &ConceptIds,
     worker_version: &str,
 ) -> KgDelta {
     let patient = note.patient.clone().unwrap_or_else(|| format!("DocumentReference/{}", note.doc_id));
@@ -128,7 +153,14 @@ pub fn delta(
     }
     let patient_node = stable_id("n", &["patient", &patient]);
     let document_node = stable_id("n", &["document", &note.doc_id]);
-    let mut graph = Builder::default();
+    let mut graph = Builder {
+        ids,
+        nodes: Vec::new(),
+        concept_at: FxHashMap::default(),
+        node_at: FxHashMap::default(),
+        edges: Vec::new(),
+        edge_at: FxHashMap::default(),
+    };
     graph.nodes.push(Node {
         id: patient_node,
         node_type: "patient".into(),
@@ -232,8 +264,8 @@ fn cued(between: &str) -> bool {
 /// One note's nodes and edges as they are found. Nodes are indexes into `nodes` (distinct ids); an edge is keyed
 /// by its type, endpoints and assertion, so its stable id is hashed once, when first met, however many mentions
 /// support it. `finish` orders both by id (the order of the published delta).
-#[derive(Default)]
-struct Builder {
+struct Builder<'a> {
+    ids: &'a ConceptIds,
     nodes: Vec<Node>,
     /// Node index of each concept met so far, and of each node id (two concepts never share an id, but the id
     /// is what makes a node one).
@@ -243,13 +275,13 @@ struct Builder {
     edge_at: FxHashMap<(&'static str, usize, usize, Option<&'static str>), usize>,
 }
 
-impl Builder {
+impl Builder<'_> {
     fn concept(&mut self, lexicon: &Lexicon, concept: u32) -> usize {
         if let Some(&at) = self.concept_at.get(&concept) {
             return at;
         }
         let c = lexicon.concept(concept);
-        let id = stable_id("n", &["concept", &c.id]);
+        let id = self.ids.get(lexicon, concept);
         let at = match self.node_at.get(&id) {
             Some(&at) => at,
             None => {
@@ -304,5 +336,27 @@ impl Builder {
         self.nodes.sort_by(|a, b| a.id.cmp(&b.id));
         self.edges.sort_by(|a, b| a.id.cmp(&b.id));
         (self.nodes, self.edges)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A concept's node id is hashed once and kept, and is what hashing it each time gives; a concept past the
+    /// cache's end (another lexicon's) is hashed each time, alike.
+    #[test]
+    fn cached_concept_ids_are_the_hashed_ones() {
+        let lexicon = Lexicon::builtin();
+        let ids = ConceptIds::new(&lexicon);
+        let last = lexicon.concepts().count() as u32 - 1;
+        for concept in [0, 1, last / 2, last] {
+            let want = stable_id("n", &["concept", &lexicon.concept(concept).id]);
+            assert_eq!(ids.get(&lexicon, concept), want);
+            assert_eq!(ids.get(&lexicon, concept), want, "second read, from the cache");
+            assert!(ids.0[concept as usize].get().is_some());
+        }
+        let none = ConceptIds::default();
+        assert_eq!(none.get(&lexicon, 3), stable_id("n", &["concept", &lexicon.concept(3).id]));
     }
 }

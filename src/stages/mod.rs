@@ -74,6 +74,8 @@ pub struct Compiled {
     pub variables: Vec<clear::Variable>,
     /// The variables of each target concept.
     pub targets: clear::TargetIndex,
+    /// The knowledge-graph node id of each concept, hashed once per process.
+    pub kg_ids: kg::ConceptIds,
 }
 
 type CompiledCache = Mutex<Vec<(crate::config::ClearSettings, Arc<Compiled>)>>;
@@ -101,7 +103,8 @@ impl Pipeline {
                     lexicon
                 };
                 let targets = clear::TargetIndex::new(&variables);
-                let compiled = Arc::new(Compiled { lexicon, variables, targets });
+                let kg_ids = kg::ConceptIds::new(&lexicon);
+                let compiled = Arc::new(Compiled { lexicon, variables, targets, kg_ids });
                 cache.lock().expect("cache lock").push((c.clone(), compiled.clone()));
                 compiled
             }
@@ -157,7 +160,8 @@ impl Pipeline {
         let variables =
             clear::evaluate(&note.text, &sections, &mentions, &self.compiled.variables, &self.compiled.targets);
         lap(&mut timings.variables, &mut last);
-        let delta = kg::delta(&note, &sections, &mentions, &self.compiled.lexicon, crate::WORKER_VERSION);
+        let c = &self.compiled;
+        let delta = kg::delta(&note, &sections, &mentions, &c.lexicon, &c.kg_ids, crate::WORKER_VERSION);
         lap(&mut timings.kg, &mut last);
         Document { note, sections, sentences, mentions, variables, kg: delta, timings }
     }
