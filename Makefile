@@ -103,13 +103,14 @@ fuzz:
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pipeline -- -max_total_time=$(FUZZ_SECONDS)
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run text_stages -- -max_total_time=$(FUZZ_SECONDS)
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pdf -- -max_total_time=$(FUZZ_SECONDS)
+	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run matcher -- -max_total_time=$(FUZZ_SECONDS)
 
 # Fuzzing at depth (issue 16): FUZZ_RUNS executions per target (default 10 million) from the corpus kept in
 # fuzz/corpus/, then the corpus minimised in place (cargo fuzz cmin). Hours on 2 cores; figures in docs/reliability.md.
 FUZZ_RUNS ?= 10000000
 fuzz-depth:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked --version 0.13.2
-	for t in text_stages pipeline; do \
+	for t in text_stages pipeline matcher; do \
 	  (cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run -O $$t -- -runs=$(FUZZ_RUNS) \
 	    -print_final_stats=1) || exit 1; \
 	  (cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz cmin -O $$t) || exit 1; \

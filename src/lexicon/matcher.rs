@@ -578,51 +578,53 @@ pub fn select_longest(mut sorted: Vec<PhraseMatch>) -> Vec<PhraseMatch> {
     sorted
 }
 
+/// The statement of the rules, one phrase at a time over the whitespace-collapsed text, char by char: every
+/// occurrence of the folded phrase whose ends respect the boundary rule and, for a case-sensitive phrase, with the
+/// phrase's exact case; offsets in the original text, ordered as `find_all` orders its matches. Quadratic: the
+/// oracle the unit tests and the `matcher` fuzz target hold `find_all` to, not for use.
+#[doc(hidden)]
+pub fn reference(phrases: &[(&str, bool)], text: &str) -> Vec<PhraseMatch> {
+    let mut norm = String::new();
+    let mut map = Vec::new();
+    for (i, c) in text.char_indices() {
+        if c.is_ascii_whitespace() {
+            if !norm.ends_with(' ') {
+                norm.push(' ');
+                map.push(i);
+            }
+            continue;
+        }
+        for k in 0..c.len_utf8() {
+            map.push(i + k);
+        }
+        norm.push(c);
+    }
+    let word_at = |s: &str| s.chars().next().is_some_and(is_word_char);
+    let word_before = |s: &str| s.chars().next_back().is_some_and(is_word_char);
+    let mut out = Vec::new();
+    for (id, &(phrase, cs)) in phrases.iter().enumerate() {
+        if phrase.is_empty() {
+            continue;
+        }
+        for start in (0..=norm.len()).filter(|&i| norm.is_char_boundary(i)) {
+            let end = start + phrase.len();
+            let Some(found) = norm.get(start..end) else { continue };
+            let same = if cs { found == phrase } else { found.eq_ignore_ascii_case(phrase) };
+            let before_ok = !word_at(found) || !word_before(&norm[..start]);
+            let after_ok = !word_before(found) || !word_at(&norm[end..]);
+            if same && before_ok && after_ok {
+                let orig_end = map[end - 1] + 1;
+                out.push(PhraseMatch { start: map[start], end: orig_end, phrase: id as u32 });
+            }
+        }
+    }
+    out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The statement of the rules, one phrase at a time over the whitespace-collapsed text, char by char: every
-    /// occurrence of the folded phrase whose ends respect the boundary rule and, for a case-sensitive phrase, with
-    /// the phrase's exact case. Offsets in the original text.
-    fn reference(phrases: &[(&str, bool)], text: &str) -> Vec<PhraseMatch> {
-        let mut norm = String::new();
-        let mut map = Vec::new();
-        for (i, c) in text.char_indices() {
-            if c.is_ascii_whitespace() {
-                if !norm.ends_with(' ') {
-                    norm.push(' ');
-                    map.push(i);
-                }
-                continue;
-            }
-            for k in 0..c.len_utf8() {
-                map.push(i + k);
-            }
-            norm.push(c);
-        }
-        let word_at = |s: &str| s.chars().next().is_some_and(is_word_char);
-        let word_before = |s: &str| s.chars().next_back().is_some_and(is_word_char);
-        let mut out = Vec::new();
-        for (id, &(phrase, cs)) in phrases.iter().enumerate() {
-            if phrase.is_empty() {
-                continue;
-            }
-            for start in (0..=norm.len()).filter(|&i| norm.is_char_boundary(i)) {
-                let end = start + phrase.len();
-                let Some(found) = norm.get(start..end) else { continue };
-                let same = if cs { found == phrase } else { found.eq_ignore_ascii_case(phrase) };
-                let before_ok = !word_at(found) || !word_before(&norm[..start]);
-                let after_ok = !word_before(found) || !word_at(&norm[end..]);
-                if same && before_ok && after_ok {
-                    let orig_end = map[end - 1] + 1;
-                    out.push(PhraseMatch { start: map[start], end: orig_end, phrase: id as u32 });
-                }
-            }
-        }
-        out.sort_unstable_by_key(|m| (m.start, std::cmp::Reverse(m.end), m.phrase));
-        out
-    }
 
     /// The 8-byte letter-and-digit test agrees with the byte one on every ASCII byte in every position.
     #[test]
