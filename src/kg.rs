@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::model::kg::{Edge, Evidence, KgDelta, Node, Op};
+use crate::model::kg::{CompactString, Edge, Evidence, KgDelta, Node, Op};
 
 /// Per supporting document: its confidence and evidence for an edge.
 type Support = BTreeMap<String, (f64, Vec<Evidence>)>;
@@ -24,11 +24,11 @@ pub struct Graph {
     versions: HashMap<String, Option<String>>,
     /// Documents replaced by another (`relatesTo.replaces`); their later deltas are ignored.
     replaced: BTreeSet<String>,
-    nodes: BTreeMap<String, (Node, BTreeSet<String>)>,
+    nodes: BTreeMap<CompactString, (Node, BTreeSet<String>)>,
     /// Edge, and per supporting document its confidence and evidence.
-    edges: BTreeMap<String, (Edge, Support)>,
+    edges: BTreeMap<CompactString, (Edge, Support)>,
     /// Which nodes and edges each document supports (for retraction without a full scan).
-    by_doc: HashMap<String, (Vec<String>, Vec<String>)>,
+    by_doc: HashMap<String, (Vec<CompactString>, Vec<CompactString>)>,
 }
 
 /// Orders document versions: numbers numerically, otherwise as text; a missing version is the oldest.

@@ -166,6 +166,15 @@ impl Vocab {
         self.probe(buf, a, b, head, h)
     }
 
+    /// `get_at` of `buf[a..b]` given its key (`Vocab::keys`), which every vocabulary shares.
+    #[inline]
+    pub fn get_keyed(&self, buf: &[u8], a: usize, b: usize, (head, h): (u64, u64)) -> (u32, u32) {
+        if self.is_empty() || a >= b {
+            return (NONE, NONE);
+        }
+        self.probe(buf, a, b, head, h)
+    }
+
     /// `get_at` of every span of `spans` (none empty), in order, into `out`.
     pub fn get_all_at(&self, buf: &[u8], spans: &[(u32, u32)], out: &mut Vec<(u32, u32)>) {
         let mut keys = Vec::new();

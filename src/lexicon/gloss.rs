@@ -39,15 +39,19 @@ pub struct Glosses {
     /// The same words by id (the automaton's pattern index): an ASCII text's gloss words are those of its words
     /// (`matcher::Prepared`) found here.
     vocab: Vocab,
-    /// One bit per (first byte, second byte or 0 for one-letter words) of the gloss words, lower-case: most of a
-    /// text's words are passed over on it, without hashing them for `vocab`.
-    heads: Vec<u64>,
+    /// A filter over the gloss words' vocabulary hashes (`Vocab::keys`, which `matcher::Prepared` holds for every
+    /// word of a text): one bit per value of a hash's top `FILTER_BITS` bits. A word whose bit is clear is no gloss
+    /// word, and most of a text's words are passed over on it without a probe of `vocab`.
+    filter: Vec<u64>,
 }
 
-/// A word's index in `Glosses::heads`: its first two bytes (lower-case), the second 0 for a one-byte word.
+/// Bits of a word's hash that index `Glosses::filter` (8 KB).
+const FILTER_BITS: u32 = 16;
+
+/// A word's bit in `Glosses::filter`, from its vocabulary hash.
 #[inline]
-fn head_key(word: &[u8]) -> usize {
-    usize::from(word[0]) | usize::from(if word.len() > 1 { word[1] } else { 0 }) << 8
+fn filter_bit(hash: u64) -> usize {
+    (hash >> (64 - FILTER_BITS)) as usize
 }
 
 /// A gloss word in a text: its span and its pattern.
@@ -141,10 +145,14 @@ impl Glosses {
             g.words = Some(ac);
             let strings: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
             g.vocab = Vocab::build(&strings, &vec![0; strings.len()]);
-            g.heads = vec![0; (1 << 16) / 64];
+            g.filter = vec![0; (1 << FILTER_BITS) / 64];
+            let mut keys = Vec::new();
             for w in &strings {
-                let key = head_key(&w.to_ascii_lowercase());
-                g.heads[key / 64] |= 1 << (key % 64);
+                let padded = [w.to_ascii_lowercase().as_slice(), &[0; 8]].concat();
+                keys.clear();
+                Vocab::keys(&padded, &[(0, w.len() as u32)], &mut keys);
+                let bit = filter_bit(keys[0].1);
+                g.filter[bit / 64] |= 1 << (bit % 64);
             }
         }
         Ok(g)
@@ -191,17 +199,18 @@ impl Glosses {
         if self.vocab.is_empty() {
             return Vec::new();
         }
-        p.words
-            .iter()
-            .filter_map(|&(a, b)| {
-                let key = head_key(&p.folded[a as usize..b as usize]);
-                if self.heads[key / 64] >> (key % 64) & 1 == 0 {
-                    return None;
-                }
-                let (word, _) = self.vocab.get_at(&p.folded, a as usize, b as usize);
-                (word != NONE).then_some(Hit { start: a as usize, end: b as usize, word })
-            })
-            .collect()
+        let mut hits = Vec::new();
+        for (&(a, b), &key) in p.words.iter().zip(&p.keys) {
+            let bit = filter_bit(key.1);
+            if self.filter[bit / 64] >> (bit % 64) & 1 == 0 {
+                continue;
+            }
+            let (word, _) = self.vocab.get_keyed(&p.folded, a as usize, b as usize, key);
+            if word != NONE {
+                hits.push(Hit { start: a as usize, end: b as usize, word });
+            }
+        }
+        hits
     }
 
     /// The gloss matches among `hits` (those of one sentence, in order): non-overlapping, leftmost, each with its

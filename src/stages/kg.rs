@@ -15,90 +15,135 @@
 //! `op = upsert` (replace this document's contribution with these facts) or `retract` (entered-in-error: remove
 //! it), plus the documents it `replaces`. Pure and synchronous.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHashMap;
 use sha1::Digest as _;
 
 use crate::lexicon::{EntityKind, Lexicon};
-pub use crate::model::kg::{Edge, Evidence, KgDelta, Node, Op};
+pub use crate::model::kg::{CompactString, Edge, Evidence, KgDelta, Node, Op};
 use crate::model::{Assertion, Mention, Note, Section};
 
 /// A stable id: a prefix and the first 16 hex digits of the SHA-1 of the parts.
 pub fn stable_id(prefix: &str, parts: &[&str]) -> String {
+    spell(prefix, digest(parts)).into_string()
+}
+
+/// The first 8 bytes of the SHA-1 of the parts (each followed by 0x1f), as a big-endian number: the 16 hex digits
+/// of a stable id.
+fn digest(parts: &[&str]) -> u64 {
     let mut h = sha1::Sha1::new();
     for p in parts {
         h.update(p.as_bytes());
         h.update([0x1f]);
     }
-    let digest = h.finalize();
+    u64::from_be_bytes(h.finalize()[..8].try_into().expect("a SHA-1 has 20 bytes"))
+}
+
+/// `prefix` and the 16 hex digits of `digest`: inline (no allocation) for a prefix of up to 8 bytes.
+fn spell(prefix: &str, digest: u64) -> CompactString {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = String::with_capacity(prefix.len() + 16);
-    id.push_str(prefix);
-    for b in &digest[..8] {
-        id.push(HEX[(b >> 4) as usize] as char);
-        id.push(HEX[(b & 0xf) as usize] as char);
+    if prefix.len() > 8 {
+        return CompactString::from(format!("{prefix}{digest:016x}"));
     }
-    id
+    let mut buf = [0u8; 24];
+    buf[..prefix.len()].copy_from_slice(prefix.as_bytes());
+    for (i, h) in buf[prefix.len()..prefix.len() + 16].iter_mut().enumerate() {
+        *h = HEX[(digest >> (60 - 4 * i)) as usize & 0xf];
+    }
+    CompactString::from_utf8(&buf[..prefix.len() + 16]).expect("a str and ASCII digits")
 }
 
 /// Each concept's node id (`stable_id("n", ["concept", concept id])`), hashed the first time a note meets the
 /// concept and kept for the life of the process: a concept's id never changes in a compiled lexicon. One per
 /// compiled lexicon (`stages::Compiled`), shared by every worker thread; concepts past its end (another
-/// lexicon's) are hashed each time.
+/// lexicon's) are hashed each time. A slot holds the id's digest (8 bytes a concept), 0 until hashed: a digest
+/// that is 0 is hashed again each time, and two threads hashing one concept store the same value.
 #[derive(Debug, Default)]
-pub struct ConceptIds(Vec<OnceLock<Box<str>>>);
+pub struct ConceptIds(Vec<AtomicU64>);
 
 impl ConceptIds {
     /// Room for the concepts of `lexicon`.
     pub fn new(lexicon: &Lexicon) -> Self {
-        Self((0..lexicon.concepts().count()).map(|_| OnceLock::new()).collect())
+        Self((0..lexicon.concepts().count()).map(|_| AtomicU64::new(0)).collect())
     }
 
-    fn get(&self, lexicon: &Lexicon, concept: u32) -> String {
-        let hash = || stable_id("n", &["concept", &lexicon.concept(concept).id]);
+    /// The digest of the concept's node id (`spell("n", digest)` is the id).
+    fn get(&self, lexicon: &Lexicon, concept: u32) -> u64 {
+        let hash = || digest(&["concept", &lexicon.concept(concept).id]);
         match self.0.get(concept as usize) {
-            Some(slot) => slot.get_or_init(|| hash().into()).to_string(),
+            Some(slot) => match slot.load(Ordering::Relaxed) {
+                0 => {
+                    let d = hash();
+                    slot.store(d, Ordering::Relaxed);
+                    d
+                }
+                d => d,
+            },
             None => hash(),
         }
     }
 }
 
-fn assertion_name(a: &Assertion) -> Option<&'static str> {
+/// An edge's type, as a code into `EDGE_TYPES`: an edge's key in a note holds the code, its record the name.
+type EdgeType = u8;
+
+const EDGE_TYPES: [&str; 10] = [
+    "has_document",
+    "has_condition",
+    "has_symptom",
+    "takes_medication",
+    "underwent_procedure",
+    "has_lab_test",
+    "family_history_of",
+    "diagnosis_medication",
+    "diagnosis_procedure",
+    "medication_procedure",
+];
+const HAS_DOCUMENT: EdgeType = 0;
+const FAMILY_HISTORY_OF: EdgeType = 6;
+
+/// A patient edge's assertion, as a code into `ASSERTIONS` (`NO_ASSERTION` for other edges).
+type AssertionName = u8;
+
+const ASSERTIONS: [&str; 4] = ["affirmed", "negated", "uncertain", "historical"];
+const NO_ASSERTION: AssertionName = u8::MAX;
+
+fn assertion_name(a: &Assertion) -> Option<AssertionName> {
     if a.hypothetical {
         None
     } else if a.historical {
-        Some("historical")
+        Some(3)
     } else if a.negated {
-        Some("negated")
+        Some(1)
     } else if a.uncertain {
-        Some("uncertain")
+        Some(2)
     } else {
-        Some("affirmed")
+        Some(0)
     }
 }
 
-fn patient_edge_type(kind: EntityKind) -> Option<&'static str> {
+fn patient_edge_type(kind: EntityKind) -> Option<EdgeType> {
     Some(match kind {
-        EntityKind::Disease => "has_condition",
-        EntityKind::Symptom => "has_symptom",
-        EntityKind::Medication => "takes_medication",
-        EntityKind::Procedure => "underwent_procedure",
-        EntityKind::Lab => "has_lab_test",
+        EntityKind::Disease => 1,
+        EntityKind::Symptom => 2,
+        EntityKind::Medication => 3,
+        EntityKind::Procedure => 4,
+        EntityKind::Lab => 5,
         EntityKind::Anatomy => return None,
     })
 }
 
-fn pair_type(a: EntityKind, b: EntityKind) -> Option<(&'static str, bool)> {
+fn pair_type(a: EntityKind, b: EntityKind) -> Option<(EdgeType, bool)> {
     // (type, swapped): the edge always goes diagnosis → medication / procedure, medication → procedure.
     use EntityKind::*;
     match (a, b) {
-        (Disease, Medication) => Some(("diagnosis_medication", false)),
-        (Medication, Disease) => Some(("diagnosis_medication", true)),
-        (Disease, Procedure) => Some(("diagnosis_procedure", false)),
-        (Procedure, Disease) => Some(("diagnosis_procedure", true)),
-        (Medication, Procedure) => Some(("medication_procedure", false)),
-        (Procedure, Medication) => Some(("medication_procedure", true)),
+        (Disease, Medication) => Some((7, false)),
+        (Medication, Disease) => Some((7, true)),
+        (Disease, Procedure) => Some((8, false)),
+        (Procedure, Disease) => Some((8, true)),
+        (Medication, Procedure) => Some((9, false)),
+        (Procedure, Medication) => Some((9, true)),
         _ => None,
     }
 }
@@ -151,38 +196,46 @@ pub fn delta(
     if note.entered_in_error {
         return base;
     }
-    let patient_node = stable_id("n", &["patient", &patient]);
-    let document_node = stable_id("n", &["document", &note.doc_id]);
+    let patient_node = digest(&["patient", &patient]);
+    let document_node = digest(&["document", &note.doc_id]);
+    let doc_id = CompactString::new(&note.doc_id);
     let mut graph = Builder {
         ids,
-        nodes: Vec::new(),
-        concept_at: FxHashMap::default(),
-        node_at: FxHashMap::default(),
-        edges: Vec::new(),
-        edge_at: FxHashMap::default(),
+        nodes: Vec::with_capacity(mentions.len() + 2),
+        node_digests: Vec::with_capacity(mentions.len() + 2),
+        concept_at: FxHashMap::with_capacity_and_hasher(mentions.len(), Default::default()),
+        node_at: FxHashMap::with_capacity_and_hasher(mentions.len(), Default::default()),
+        edges: Vec::with_capacity(mentions.len() + 1),
+        edge_digests: Vec::with_capacity(mentions.len() + 1),
+        edge_at: FxHashMap::with_capacity_and_hasher(mentions.len() + 1, Default::default()),
     };
+    graph.node_digests.extend([patient_node, document_node]);
     graph.nodes.push(Node {
-        id: patient_node,
-        node_type: "patient".into(),
-        key: patient.clone(),
+        id: spell("n", patient_node),
+        node_type: CompactString::const_new("patient"),
+        key: CompactString::new(&patient),
         kind: None,
         label: None,
         codes: vec![],
     });
     graph.nodes.push(Node {
-        id: document_node,
-        node_type: "document".into(),
-        key: note.doc_id.clone(),
+        id: spell("n", document_node),
+        node_type: CompactString::const_new("document"),
+        key: doc_id.clone(),
         kind: None,
-        label: note.doc_type.as_ref().and_then(|t| t.text.clone().or_else(|| t.coding.first()?.display.clone())),
+        label: note
+            .doc_type
+            .as_ref()
+            .and_then(|t| t.text.as_deref().or(t.coding.first()?.display.as_deref()))
+            .map(CompactString::new),
         codes: vec![],
     });
     let (patient_at, document_at) = (0, 1);
-    graph.add_edge("has_document", patient_at, document_at, None, 1.0, None);
+    graph.add_edge(HAS_DOCUMENT, patient_at, document_at, NO_ASSERTION, 1.0, None);
 
     let evidence = |m: &Mention| Evidence {
-        doc_id: note.doc_id.clone(),
-        section: sections[m.section].name.to_string(),
+        doc_id: doc_id.clone(),
+        section: CompactString::const_new(sections[m.section].name),
         start: m.start as i64,
         end: m.end as i64,
     };
@@ -193,7 +246,7 @@ pub fn delta(
             if m.kind == EntityKind::Anatomy {
                 continue;
             }
-            "family_history_of"
+            FAMILY_HISTORY_OF
         } else {
             match patient_edge_type(m.kind) {
                 Some(t) => t,
@@ -201,7 +254,7 @@ pub fn delta(
             }
         };
         let target = graph.concept(lexicon, m.concept);
-        graph.add_edge(edge_type, patient_at, target, Some(assertion), 1.0, Some(evidence(m)));
+        graph.add_edge(edge_type, patient_at, target, assertion, 1.0, Some(evidence(m)));
     }
 
     // Concept–concept relations between the patient's affirmed or historical mentions.
@@ -235,7 +288,7 @@ pub fn delta(
             let mut ev = evidence(from);
             ev.end = to.end.max(from.end) as i64;
             ev.start = to.start.min(from.start) as i64;
-            graph.add_edge(edge_type, source, target, None, confidence, Some(ev));
+            graph.add_edge(edge_type, source, target, NO_ASSERTION, confidence, Some(ev));
         }
     }
     let (nodes, edges) = graph.finish();
@@ -263,16 +316,28 @@ fn cued(between: &str) -> bool {
 
 /// One note's nodes and edges as they are found. Nodes are indexes into `nodes` (distinct ids); an edge is keyed
 /// by its type, endpoints and assertion, so its stable id is hashed once, when first met, however many mentions
-/// support it. `finish` orders both by id (the order of the published delta).
+/// support it. Each node and edge keeps the digest its id spells (`spell`): all node ids share the prefix `n` and
+/// all edge ids `e`, so the digests order them as their ids do, and `finish` sorts by digest (the order of the
+/// published delta) without comparing strings or moving a node more than twice.
 struct Builder<'a> {
     ids: &'a ConceptIds,
     nodes: Vec<Node>,
-    /// Node index of each concept met so far, and of each node id (two concepts never share an id, but the id
-    /// is what makes a node one).
+    node_digests: Vec<u64>,
+    /// Node index of each concept met so far, and of each node id by its digest (two concepts never share an id,
+    /// but the id is what makes a node one).
     concept_at: FxHashMap<u32, usize>,
-    node_at: FxHashMap<String, usize>,
+    node_at: FxHashMap<u64, usize>,
     edges: Vec<Edge>,
-    edge_at: FxHashMap<(&'static str, usize, usize, Option<&'static str>), usize>,
+    edge_digests: Vec<u64>,
+    edge_at: FxHashMap<(EdgeType, usize, usize, AssertionName), usize>,
+}
+
+/// `items` in ascending order of `digests` (one each), ties in their order: a stable sort by id.
+fn by_digest<T>(items: Vec<T>, digests: &[u64]) -> Vec<T> {
+    let mut order: Vec<(u64, u32)> = digests.iter().zip(0..).map(|(&d, i)| (d, i)).collect();
+    order.sort_unstable();
+    let mut slots: Vec<Option<T>> = items.into_iter().map(Some).collect();
+    order.iter().map(|&(_, i)| slots[i as usize].take().expect("each index once")).collect()
 }
 
 impl Builder<'_> {
@@ -281,18 +346,19 @@ impl Builder<'_> {
             return at;
         }
         let c = lexicon.concept(concept);
-        let id = self.ids.get(lexicon, concept);
-        let at = match self.node_at.get(&id) {
+        let digest = self.ids.get(lexicon, concept);
+        let at = match self.node_at.get(&digest) {
             Some(&at) => at,
             None => {
-                self.node_at.insert(id.clone(), self.nodes.len());
+                self.node_at.insert(digest, self.nodes.len());
+                self.node_digests.push(digest);
                 self.nodes.push(Node {
-                    id,
-                    node_type: "concept".into(),
-                    key: c.id.clone(),
-                    kind: Some(c.kind.as_str().to_string()),
-                    label: Some(c.preferred.clone()),
-                    codes: c.codes.clone(),
+                    id: spell("n", digest),
+                    node_type: CompactString::const_new("concept"),
+                    key: CompactString::new(&c.id),
+                    kind: Some(CompactString::const_new(c.kind.as_str())),
+                    label: Some(CompactString::new(&c.preferred)),
+                    codes: c.codes.iter().map(CompactString::new).collect(),
                 });
                 self.nodes.len() - 1
             }
@@ -303,25 +369,28 @@ impl Builder<'_> {
 
     fn add_edge(
         &mut self,
-        edge_type: &'static str,
+        edge_type: EdgeType,
         source: usize,
         target: usize,
-        assertion: Option<&'static str>,
+        assertion: AssertionName,
         confidence: f64,
         evidence: Option<Evidence>,
     ) {
         let at = *self.edge_at.entry((edge_type, source, target, assertion)).or_insert_with(|| {
             let (source, target) = (&self.nodes[source].id, &self.nodes[target].id);
-            let id = match assertion {
-                Some(a) => stable_id("e", &[edge_type, source, target, a]),
-                None => stable_id("e", &[edge_type, source, target]),
+            let edge_type = EDGE_TYPES[edge_type as usize];
+            let assertion = ASSERTIONS.get(assertion as usize).copied();
+            let digest = match assertion {
+                Some(a) => digest(&[edge_type, source, target, a]),
+                None => digest(&[edge_type, source, target]),
             };
+            self.edge_digests.push(digest);
             self.edges.push(Edge {
-                id,
-                edge_type: edge_type.to_string(),
+                id: spell("e", digest),
+                edge_type: CompactString::const_new(edge_type),
                 source: source.clone(),
                 target: target.clone(),
-                assertion: assertion.map(str::to_string),
+                assertion: assertion.map(CompactString::const_new),
                 confidence,
                 evidence: Vec::new(),
             });
@@ -332,10 +401,8 @@ impl Builder<'_> {
         e.evidence.extend(evidence);
     }
 
-    fn finish(mut self) -> (Vec<Node>, Vec<Edge>) {
-        self.nodes.sort_by(|a, b| a.id.cmp(&b.id));
-        self.edges.sort_by(|a, b| a.id.cmp(&b.id));
-        (self.nodes, self.edges)
+    fn finish(self) -> (Vec<Node>, Vec<Edge>) {
+        (by_digest(self.nodes, &self.node_digests), by_digest(self.edges, &self.edge_digests))
     }
 }
 
@@ -352,11 +419,42 @@ mod tests {
         let last = lexicon.concepts().count() as u32 - 1;
         for concept in [0, 1, last / 2, last] {
             let want = stable_id("n", &["concept", &lexicon.concept(concept).id]);
-            assert_eq!(ids.get(&lexicon, concept), want);
-            assert_eq!(ids.get(&lexicon, concept), want, "second read, from the cache");
-            assert!(ids.0[concept as usize].get().is_some());
+            assert_eq!(spell("n", ids.get(&lexicon, concept)), want);
+            assert_eq!(spell("n", ids.get(&lexicon, concept)), want, "second read, from the cache");
+            assert_ne!(ids.0[concept as usize].load(Ordering::Relaxed), 0);
         }
         let none = ConceptIds::default();
-        assert_eq!(none.get(&lexicon, 3), stable_id("n", &["concept", &lexicon.concept(3).id]));
+        assert_eq!(spell("n", none.get(&lexicon, 3)), stable_id("n", &["concept", &lexicon.concept(3).id]));
+    }
+
+    /// An id spells its digest in 16 lower-case hex digits after the prefix, so among ids of one prefix the
+    /// digests order them as the strings do, and `by_digest` is a stable sort by id (ties keep their order).
+    #[test]
+    fn digests_order_ids_as_their_strings_do() {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut digests: Vec<u64> = (0..300)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Some small, some equal, some differing in one nibble only.
+                match i % 5 {
+                    0 => x >> 40,
+                    1 => 0,
+                    2 => x & !0xf,
+                    _ => x,
+                }
+            })
+            .collect();
+        digests.extend([u64::MAX, 1, 0xa, 0x9]);
+        for prefix in ["n", "e", "", "longer-than-8"] {
+            for &d in &digests {
+                assert_eq!(spell(prefix, d), format!("{prefix}{d:016x}"));
+            }
+            let items: Vec<(CompactString, usize)> = digests.iter().map(|&d| spell(prefix, d)).zip(0..).collect();
+            let mut want = items.clone();
+            want.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(by_digest(items, &digests), want);
+        }
     }
 }
