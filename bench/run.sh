@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench: every benchmark of docs/benchmarks.md in one run on one machine, same MTSamples notes:
 #   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
-#      after the medSpaCy step, TEXT_ROUNDS-1 more rounds (default 3 in all) of both back to back, sentencizer only;
+#      after the medSpaCy step, TEXT_ROUNDS-1 more rounds (default 5 in all) of both back to back, sentencizer only;
 #   1b. start-up (`explain` on one sentence; BASE_BIN beside when given) and how cost grows with note length
 #      (clinstream bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
@@ -77,7 +77,8 @@ echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 # 10-20 % between minutes: TEXT_ROUNDS-1 more rounds measure both back to back (clinstream's text stages, then
 # medSpaCy's sentencizer configuration), and the summary gives every round and the median ratio of the back-to-back
 # ones (the best of each side would pair minutes of different speed).
-TEXT_ROUNDS=${TEXT_ROUNDS:-3}
+# Five in all (four back to back): with two, one slow minute decided the median (docs/benchmarks.md, thirteenth).
+TEXT_ROUNDS=${TEXT_ROUNDS:-5}
 for r in $(seq 2 "$TEXT_ROUNDS"); do
   echo "text stages, then medSpaCy's sentencizer, back to back (round $r of $TEXT_ROUNDS)..." >&2
   "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r.json"
