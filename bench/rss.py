@@ -49,8 +49,16 @@ def main():
                CLINSTREAM__METRICS__ADDR=f"127.0.0.1:{port}",
                CLINSTREAM__CHUNKING__STRATEGY="fixed" if strategy == "none" else strategy)
     extra = ["--no-embed"] if strategy == "none" else []
-    proc = subprocess.Popen([bin_, "run", "--no-progress", *extra, "--input", "-", "--out", os.path.join(work, "out")],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # The outputs go to /dev/null: a 300-s text-only run writes ~20 GB, which once filled the disk and killed the
+    # worker mid-run (bench/results/2026-11-26-2.json). The file sink opens these paths with File::create, which
+    # follows the links; what it costs to serialize and write every line stays in the measurement.
+    out = os.path.join(work, "out")
+    os.makedirs(out)
+    for name in ("notes.ndjson", "variables.ndjson", "kg.ndjson", "dead_letters.ndjson"):
+        os.symlink(os.devnull, os.path.join(out, name))
+    stderr = open(os.path.join(work, "stderr.log"), "wb")
+    proc = subprocess.Popen([bin_, "run", "--no-progress", *extra, "--input", "-", "--out", out],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     stop = threading.Event()
 
     def feed():
@@ -81,6 +89,15 @@ def main():
     samples, counts, split = [], [], []
     start = time.time()
     while time.time() - start < duration:
+        if proc.poll() is not None:
+            # A sample of a dead process reads 0 MB: never report that as memory. Fail with the worker's last words.
+            stderr.close()
+            tail = open(os.path.join(work, "stderr.log"), "rb").read()[-2000:].decode(errors="replace")
+            error = f"the worker exited with {proc.returncode} after {time.time() - start:.0f} s"
+            print(f"rss.py: {error}; stderr tail:\n{tail}", file=sys.stderr)
+            json.dump({"error": error, "strategy": strategy, "duration_s": duration}, sys.stdout)
+            print()
+            sys.exit(1)
         samples.append((time.time() - start, rss_mb(proc.pid)))
         # Anonymous memory (heap: the worker's own allocations) apart from file-backed pages (the store's
         # memory-mapped WAL and segments, which the kernel can drop and re-read).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make bench: every benchmark of docs/benchmarks.md in one run on one machine, same MTSamples notes:
 #   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
-#      after the medSpaCy step, TEXT_ROUNDS-1 more rounds (default 5 in all) of both back to back, sentencizer only;
+#      after the medSpaCy step, TEXT_ROUNDS-1 more rounds (default 5 in all), each a clinstream pass, medSpaCy's
+#      sentencizer configuration and another clinstream pass back to back;
 #   1b. start-up (`explain` on one sentence; BASE_BIN beside when given) and how cost grows with note length
 #      (clinstream bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
@@ -42,6 +43,8 @@ if [ ! -x .tools/bench-venv/bin/python ] || ! .tools/bench-venv/bin/python -c "i
 fi
 
 gzip -dc "$SHARED/corpora/mtsamples/mtsamples.csv.gz" > "$WORK/mtsamples.csv"
+# The summary reads rounds while their files exist: never let an earlier run's rounds in.
+rm -f "$WORK"/clinstream-round*.json "$WORK"/medspacy-round*.json
 echo "clinstream text stages..." >&2
 "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
 echo '{}' > "$WORK/clinstream-base.json"
@@ -71,6 +74,16 @@ if [ "$SEOS_E2E_NOTES" != 0 ]; then
   python3 bench/seos_e2e.py "$WORK/mtsamples.csv" "$SEOS_E2E_NOTES" 2 ${BASE_BIN:+"base=$BASE_BIN"} \
     "groups=$BIN:groups" "sentences=$BIN:sentences" "composed=$BIN:composed" "fixed=$BIN:fixed" > "$WORK/seos-e2e.json"
 fi
+# An end-to-end figure and its bound taken minutes apart differ by the VM's drift (the composed bound's bare loop
+# ran 6,933 and 8,611 tokens/s in two runs): the end-to-end runs are bracketed by bounds measured just before and
+# just after them (composed and fixed, the modes the broker runs use), and each ratio uses the bracket's mean.
+bound() {
+  echo "embedding bounds of composed and fixed ($1)..." >&2
+  "$BIN" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" --modes composed,fixed --bound-only \
+    > "$WORK/bound-$1.json"
+}
+rm -f "$WORK"/bound-*.json
+if [ "$SEOS_E2E_NOTES" != 0 ]; then bound after-file-mode; fi
 echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
 # The first text-stage pass (step 1) and medSpaCy's run above lie minutes apart, and a shared VM's speed drifts by
@@ -79,24 +92,31 @@ echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 # ones (the best of each side would pair minutes of different speed).
 # Five in all (four back to back): with two, one slow minute decided the median (docs/benchmarks.md, thirteenth).
 TEXT_ROUNDS=${TEXT_ROUNDS:-5}
+# Each round brackets medSpaCy's run (~70 s) with a clinstream pass (~1 s) just before and just after it: one
+# 1-s pass samples one moment of the VM, which twice ran ~25 % slow for a few seconds while medSpaCy's minute
+# averaged over it (docs/benchmarks.md, fourteenth session); the round's clinstream rate is both passes' notes over
+# both passes' time.
 for r in $(seq 2 "$TEXT_ROUNDS"); do
-  echo "text stages, then medSpaCy's sentencizer, back to back (round $r of $TEXT_ROUNDS)..." >&2
+  echo "text stages, medSpaCy's sentencizer, text stages, back to back (round $r of $TEXT_ROUNDS)..." >&2
   "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r.json"
   MEDSPACY_RUNS=sentencizer .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" \
     "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy-round$r.json"
+  "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r-after.json"
 done
 echo '{}' > "$WORK/e2e.json"; echo '{}' > "$WORK/e2e-seos.json"
 if [ "$E2E_NOTES" != 0 ]; then
+  bound before-broker
   echo "end to end through a local broker (fixed-size chunks, CPU embedding), 1 and 2 workers, best of ${E2E_ROUNDS:-2}..." >&2
   CLINSTREAM__CHUNKING__STRATEGY=fixed E2E_ROUNDS=${E2E_ROUNDS:-2} python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 2 > "$WORK/e2e.json"
   echo "end to end through a local broker (SEOS, the default vectors), 1 worker, best of ${E2E_ROUNDS:-2}..." >&2
   CLINSTREAM__CHUNKING__STRATEGY=seos E2E_ROUNDS=${E2E_ROUNDS:-2} python3 bench/kafka_e2e.py "$BIN" "$WORK/mtsamples.csv" "$E2E_NOTES" 1 > "$WORK/e2e-seos.json"
+  bound after-broker
 fi
 echo '{}' > "$WORK/rss.json"
 if [ "${RSS_SECONDS:-300}" != 0 ]; then
   echo "RSS over ${RSS_SECONDS:-300} s, text-only then with SEOS indexing (100 notes rewritten) into the embedded store..." >&2
-  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" none > "$WORK/rss-none.json"
-  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" seos 100 > "$WORK/rss-seos.json"
+  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" none > "$WORK/rss-none.json" || true
+  python3 bench/rss.py "$BIN" "$WORK/mtsamples.csv" "${RSS_SECONDS:-300}" seos 100 > "$WORK/rss-seos.json" || true
   python3 -c 'import json,sys; print(json.dumps({"text_only": json.load(open(sys.argv[1])), "indexing": json.load(open(sys.argv[2]))}))' \
     "$WORK/rss-none.json" "$WORK/rss-seos.json" > "$WORK/rss.json"
 fi
@@ -146,6 +166,8 @@ seos = json.load(open(f"{work}/seos.json"))
 seos_e2e = json.load(open(f"{work}/seos-e2e.json"))
 e2e = json.load(open(f"{work}/e2e.json"))
 e2e_seos = json.load(open(f"{work}/e2e-seos.json"))
+bracket = {k: {b["mode"]: b for b in json.load(open(f"{work}/bound-{k}.json"))}
+           for k in ("after-file-mode", "before-broker", "after-broker") if os.path.exists(f"{work}/bound-{k}.json")}
 rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
 serve = json.load(open(f"{work}/serve.json"))
@@ -158,10 +180,15 @@ text_rounds = [{"round": 1, "clinstream_notes_per_s": ours,
                 "medspacy_sentencizer_notes_per_s": m["runs"]["sentencizer"]["notes_per_s"], "back_to_back": False}]
 r = 2
 while os.path.exists(f"{work}/clinstream-round{r}.json"):
-    cr = json.load(open(f"{work}/clinstream-round{r}.json"))
     mr = json.load(open(f"{work}/medspacy-round{r}.json"))
+    passes = [json.load(open(f)) for f in (f"{work}/clinstream-round{r}.json", f"{work}/clinstream-round{r}-after.json")
+              if os.path.exists(f)]
+    alls = [next(s for s in p["single_thread"] if s["stage"] == "all") for p in passes]
+    rates = [a["notes_per_s"] for a in alls]
     text_rounds.append({"round": r,
-                        "clinstream_notes_per_s": next(s["notes_per_s"] for s in cr["single_thread"] if s["stage"] == "all"),
+                        # Both passes' notes over both passes' seconds (the passes before and after medSpaCy's run).
+                        "clinstream_notes_per_s": sum(p["notes"] for p in passes) / sum(a["seconds"] for a in alls),
+                        "clinstream_passes_notes_per_s": rates,
                         "medspacy_sentencizer_notes_per_s": mr["runs"]["sentencizer"]["notes_per_s"], "back_to_back": True})
     r += 1
 for x in text_rounds:
@@ -185,6 +212,7 @@ result = {
     "seos_e2e": seos_e2e,
     "kafka_e2e": e2e,
     "kafka_e2e_seos": e2e_seos,
+    "bounds_bracketing": bracket,
     "rss": rss,
     "quantization": quant,
     "serve": serve,
@@ -213,7 +241,8 @@ for run, r in m["runs"].items():
 print(f"clinstream target mentions: {c['target_mentions']}")
 print(f"text stages (one thread) beside medSpaCy's sentencizer configuration, {len(text_rounds)} round(s):")
 for x in text_rounds:
-    when = "back to back" if x["back_to_back"] else "step 1's pass and the medSpaCy step, minutes apart"
+    when = ("back to back, clinstream passes before/after: " + " / ".join(f"{v:.0f}" for v in x["clinstream_passes_notes_per_s"])
+            if x["back_to_back"] else "step 1's pass and the medSpaCy step, minutes apart")
     print(f"  round {x['round']}: clinstream {x['clinstream_notes_per_s']:.0f} notes/s, medSpaCy "
           f"{x['medspacy_sentencizer_notes_per_s']:.1f} notes/s -> {x['ratio']:.1f}x ({when})")
 print(f"  median of the back-to-back rounds: {paired_median:.1f}x per core")
@@ -264,27 +293,39 @@ for name, x in (("fixed", e2e), ("SEOS", e2e_seos)):
               f"model busy {run.get('model_seconds')} s in {run.get('batches')} batches; partitions assigned after "
               f"{run.get('seconds_to_assigned')} s; mean in flight {run.get('mean_in_flight')}; "
               f"bottleneck stage: {run['bottleneck']}")
-# End to end against the embedding bound of the same notes' own model inputs (bench seos, step 2b).
-bounds = {m["mode"]: m for m in seos["modes"]}
+# End to end against the embedding bound of the same notes' own model inputs: the mean of the bounds measured just
+# before and just after the runs (file mode: step 2b's and after-file-mode; broker: before- and after-broker); a
+# mode without a bracket (groups, sentences) uses step 2b's alone.
+step2b = {m["mode"]: m for m in seos["modes"]}
 rows = []
 for x in (seos_e2e or {}).get("entries", []):
-    if x["mode"] in bounds:
-        rows.append((f"file mode, {x['name']}", x["best_notes_per_s"], x["mode"], seos_e2e["notes"]))
+    if x["mode"] in step2b:
+        rows.append((f"file mode, {x['name']}", x["best_notes_per_s"], x["mode"], seos_e2e["notes"],
+                     [step2b, bracket.get("after-file-mode", {})]))
 for name, x in (("fixed", e2e), ("SEOS", e2e_seos)):
     for run in x.get("runs", []):
         mode = run["chunking"]["bound_mode"]
-        rows.append((f"broker, {name} ({mode}), {run['workers']} worker(s)", run["notes_per_s"], mode, run["notes"]))
+        rows.append((f"broker, {name} ({mode}), {run['workers']} worker(s)", run["notes_per_s"], mode, run["notes"],
+                     [bracket.get("before-broker", step2b), bracket.get("after-broker", {})]))
+bound_ratios = []
 if rows:
-    print(f"end to end / embedding bound (bound: bench seos over the first {seos['notes']} notes, the same model inputs "
-          "through the bare ONNX Runtime loop):")
-    for label, nps, mode, n in rows:
-        b = bounds.get(mode)
-        if b is None:
+    print(f"end to end / embedding bound (bound: the same model inputs of the first {seos['notes']} notes through the "
+          "bare ONNX Runtime loop, measured just before and just after the runs; the ratio uses their mean):")
+    for label, nps, mode, n, sides in rows:
+        measured = [s[mode]["bound_notes_per_s"] for s in sides if mode in s]
+        if not measured:
             continue
+        b = sum(measured) / len(measured)
         same = "" if n == seos["notes"] else f"  (bound taken on {seos['notes']} notes, this run on {n})"
-        print(f"  {label:<34} {nps:6.2f} notes/s  bound ({mode}) {b['bound_notes_per_s']:6.2f}  "
-              f"ratio {nps / b['bound_notes_per_s']:.2f}{same}")
+        print(f"  {label:<34} {nps:6.2f} notes/s  bound ({mode}) {b:6.2f} ({' / '.join(f'{v:.2f}' for v in measured)})  "
+              f"ratio {nps / b:.2f}{same}")
+        bound_ratios.append({"run": label, "notes_per_s": nps, "mode": mode, "bounds": measured, "ratio": nps / b})
+result["end_to_end_vs_bound"] = bound_ratios
+json.dump(result, open(path, "w"), indent=2)
 for mode, x in rss.items():
+    if "error" in x:
+        print(f"RSS {mode}: NO FIGURE: {x['error']} (its stderr tail is in the run's log)")
+        continue
     print(f"RSS {mode}: {x['rss_mb_after_warmup']:.0f} MB after warm-up -> {x['rss_mb_last']:.0f} MB after {x['duration_s']:.0f} s "
           f"(slope {x['slope_mb_per_min']:+.2f} MB/min, peak {x['rss_mb_peak']:.0f} MB; heap {x['anon_mb_after_warmup']:.0f} -> "
           f"{x['anon_mb_last']:.0f} MB, file-backed {x['file_mb_after_warmup']:.0f} -> {x['file_mb_last']:.0f} MB; "

@@ -194,6 +194,59 @@ fn bench_embed_sweeps_and_checks_against_the_cpu_reference() {
     }
 }
 
+/// `bench seos --bound-only` (what `make bench` measures beside each end-to-end run) gives each mode's bound from
+/// the same model inputs as the full SEOS bench: the same embedded tokens, and the bound is the bare loop's rate
+/// over the tokens per note; no `groups` reference is run; an unknown mode is refused.
+#[test]
+fn bench_seos_bound_only_gives_the_full_bench_bounds_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let csv = dir.path().join("notes.csv");
+    let mut rows = String::from("transcription\n");
+    for name in ["13-neurology", "1506-radiology", "19-urology"] {
+        let text = std::fs::read_to_string(root().join(format!("tests/fixtures/mtsamples/{name}.txt"))).unwrap();
+        rows.push_str(&format!("\"{}\"\n", text.replace('"', "\"\"")));
+    }
+    std::fs::write(&csv, rows).unwrap();
+    let bench = |extra: &[&str]| {
+        let out = common::clinstream()
+            .args(["bench", "seos", "--csv"])
+            .arg(&csv)
+            .args(["--limit", "3", "--runs", "1"])
+            .args(extra)
+            .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+            .env("CLINSTREAM__EMBED__ORT_LIBRARY", &s.embed.ort_library)
+            .env("CLINSTREAM__LOG__LEVEL", "warn")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, full, err) = bench(&["--modes", "composed,fixed"]);
+    assert!(ok, "{err}");
+    let full: Value = serde_json::from_str(&full).unwrap();
+    let (ok, bounds, err) = bench(&["--modes", "composed,fixed", "--bound-only"]);
+    assert!(ok, "{err}");
+    let bounds: Vec<Value> = serde_json::from_str(&bounds).unwrap();
+    assert_eq!(bounds.iter().map(|b| b["mode"].as_str().unwrap()).collect::<Vec<_>>(), ["composed", "fixed"]);
+    for b in &bounds {
+        let mode = &full["modes"].as_array().unwrap().iter().find(|m| m["mode"] == b["mode"]).unwrap();
+        assert_eq!(b["notes"], 3);
+        assert_eq!(b["embedded_tokens"], mode["embedded_tokens"], "{b} vs {mode}");
+        let tokens = b["embedded_tokens"].as_f64().unwrap();
+        assert!(tokens > 500.0, "{b}");
+        let bare = b["bare_tokens_per_s"].as_f64().unwrap();
+        assert!(bare > 0.0, "{b}");
+        let bound = b["bound_notes_per_s"].as_f64().unwrap();
+        assert!((bound - bare / (tokens / 3.0)).abs() < 1e-9 * bound.max(1.0), "{b}");
+    }
+    let (ok, _, err) = bench(&["--modes", "composed,chunks", "--bound-only"]);
+    assert!(!ok && err.contains("`chunks` is not groups, sentences, composed or fixed"), "{err}");
+}
+
 #[test]
 fn a_missing_model_or_a_cuda_request_without_the_feature_fails_start_up_clearly() {
     let dir = tempfile::tempdir().unwrap();

@@ -363,49 +363,12 @@ pub fn seos(
     let embedder = crate::embed::Embedder::start(&settings.embed)?;
     let docs: Vec<Arc<crate::model::Document>> =
         events.iter().filter_map(|e| pipeline.process(e).ok()).map(Arc::new).collect();
-    let mut base = settings.clone();
-    base.chunking.strategy = "seos".into();
-    if let Some(bad) = modes.iter().find(|m| !["groups", "sentences", "composed", "fixed"].contains(&m.as_str())) {
-        anyhow::bail!("--modes: `{bad}` is not groups, sentences, composed or fixed");
-    }
     let mut all_modes = vec!["groups".to_string()];
     all_modes.extend(modes.iter().filter(|m| *m != "groups").cloned());
-    let chunkers = all_modes
-        .iter()
-        .map(|m| {
-            let mut s = base.clone();
-            if m == "fixed" {
-                // Fixed-size chunks: no SEOS vectors, the chunks alone go to the model (its bound for `make bench`).
-                s.chunking.strategy = "fixed".into();
-            } else {
-                s.chunking.seos_vectors = m.clone();
-            }
-            crate::index::Chunker::new(&s, embedder.clone(), pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let chunkers = seos_chunkers(settings, pipeline, &embedder, &all_modes)?;
     let note_tokens: usize = docs.iter().map(|d| chunkers[0].units(d).iter().map(|u| u.tokens).sum::<usize>()).sum();
     let in_flight = settings.pipeline.in_flight.max(1);
-    let run_mode = |c: &crate::index::Chunker| -> anyhow::Result<(Duration, Vec<crate::index::Chunked>)> {
-        rt.block_on(async {
-            let clock = Instant::now();
-            let semaphore = Arc::new(tokio::sync::Semaphore::new(in_flight));
-            let mut tasks = Vec::with_capacity(docs.len());
-            for d in &docs {
-                let permit = semaphore.clone().acquire_owned().await?;
-                let (c, d) = (c.clone(), Arc::clone(d));
-                tasks.push(tokio::spawn(async move {
-                    let r = c.chunk(&d).await;
-                    drop(permit);
-                    r
-                }));
-            }
-            let mut out = Vec::with_capacity(tasks.len());
-            for t in tasks {
-                out.push(t.await?.map_err(|e| anyhow::anyhow!("{}", e.code.as_str()))?);
-            }
-            Ok((clock.elapsed(), out))
-        })
-    };
+    let run_mode = |c: &crate::index::Chunker| chunk_all(&rt, c, &docs, in_flight);
     let mut best = vec![Duration::MAX; chunkers.len()];
     let mut results: Vec<Vec<crate::index::Chunked>> = vec![Vec::new(); chunkers.len()];
     for _ in 0..runs.max(1) {
@@ -434,19 +397,7 @@ pub fn seos(
                 }
             }
         }
-        let embedded: usize = results[i].iter().map(|x| x.embedded_tokens).sum();
-        let inputs = model_inputs(&chunkers[i], mode, &docs, &results[i])?;
-        anyhow::ensure!(
-            inputs.iter().map(Vec::len).sum::<usize>() == embedded,
-            "bench seos: the rebuilt model inputs of `{mode}` differ from what the chunker embedded"
-        );
-        let bare = if inputs.is_empty() {
-            0.0
-        } else {
-            let (tokens, took) = crate::embed::bare_loop(&settings.embed, &inputs)?;
-            tokens as f64 / took.as_secs_f64()
-        };
-        let bound = bare / (embedded as f64 / docs.len().max(1) as f64).max(1.0);
+        let (embedded, bare, bound) = mode_bound(settings, &chunkers[i], mode, &docs, &results[i])?;
         let notes_per_s = docs.len() as f64 / best[i].as_secs_f64();
         modes_out.push(SeosMode {
             mode: mode.clone(),
@@ -472,6 +423,125 @@ pub fn seos(
         runs: runs.max(1),
         modes: modes_out,
     })
+}
+
+/// One chunker per mode (`groups`, `sentences`, `composed`: SEOS with those vectors; `fixed`: fixed-size chunks).
+fn seos_chunkers(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    embedder: &crate::embed::Embedder,
+    modes: &[String],
+) -> anyhow::Result<Vec<crate::index::Chunker>> {
+    if let Some(bad) = modes.iter().find(|m| !["groups", "sentences", "composed", "fixed"].contains(&m.as_str())) {
+        anyhow::bail!("--modes: `{bad}` is not groups, sentences, composed or fixed");
+    }
+    let mut base = settings.clone();
+    base.chunking.strategy = "seos".into();
+    modes
+        .iter()
+        .map(|m| {
+            let mut s = base.clone();
+            if m == "fixed" {
+                // Fixed-size chunks: no SEOS vectors, the chunks alone go to the model (its bound for `make bench`).
+                s.chunking.strategy = "fixed".into();
+            } else {
+                s.chunking.seos_vectors = m.clone();
+            }
+            crate::index::Chunker::new(&s, embedder.clone(), pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))
+        })
+        .collect()
+}
+
+/// Chunks (and embeds) every note with `in_flight` notes at once, as the worker does: the time and the results.
+fn chunk_all(
+    rt: &tokio::runtime::Runtime,
+    chunker: &crate::index::Chunker,
+    docs: &[std::sync::Arc<crate::model::Document>],
+    in_flight: usize,
+) -> anyhow::Result<(Duration, Vec<crate::index::Chunked>)> {
+    use std::sync::Arc;
+    rt.block_on(async {
+        let clock = Instant::now();
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(in_flight));
+        let mut tasks = Vec::with_capacity(docs.len());
+        for d in docs {
+            let permit = semaphore.clone().acquire_owned().await?;
+            let (c, d) = (chunker.clone(), Arc::clone(d));
+            tasks.push(tokio::spawn(async move {
+                let r = c.chunk(&d).await;
+                drop(permit);
+                r
+            }));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await?.map_err(|e| anyhow::anyhow!("{}", e.code.as_str()))?);
+        }
+        Ok((clock.elapsed(), out))
+    })
+}
+
+/// A mode's embedding bound on these notes: (embedded tokens, the bare loop's tokens/s on the mode's own model
+/// inputs, notes/s if nothing but the model took time).
+fn mode_bound(
+    settings: &crate::config::Settings,
+    chunker: &crate::index::Chunker,
+    mode: &str,
+    docs: &[std::sync::Arc<crate::model::Document>],
+    chunked: &[crate::index::Chunked],
+) -> anyhow::Result<(usize, f64, f64)> {
+    let embedded: usize = chunked.iter().map(|x| x.embedded_tokens).sum();
+    let inputs = model_inputs(chunker, mode, docs, chunked)?;
+    anyhow::ensure!(
+        inputs.iter().map(Vec::len).sum::<usize>() == embedded,
+        "bench seos: the rebuilt model inputs of `{mode}` differ from what the chunker embedded"
+    );
+    let bare = if inputs.is_empty() {
+        0.0
+    } else {
+        let (tokens, took) = crate::embed::bare_loop(&settings.embed, &inputs)?;
+        tokens as f64 / took.as_secs_f64()
+    };
+    Ok((embedded, bare, bare / (embedded as f64 / docs.len().max(1) as f64).max(1.0)))
+}
+
+/// The embedding bound alone (`clinstream bench seos --bound-only`): each mode's notes chunked once, then its model
+/// inputs through the bare loop. For measuring a bound right beside an end-to-end run (`make bench`, step 3).
+#[derive(Debug, serde::Serialize)]
+pub struct Bound {
+    pub mode: String,
+    pub notes: usize,
+    pub embedded_tokens: usize,
+    pub bare_tokens_per_s: f64,
+    pub bound_notes_per_s: f64,
+}
+
+pub fn bounds(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+    modes: &[String],
+) -> anyhow::Result<Vec<Bound>> {
+    use std::sync::Arc;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let docs: Vec<Arc<crate::model::Document>> =
+        events.iter().filter_map(|e| pipeline.process(e).ok()).map(Arc::new).collect();
+    let chunkers = seos_chunkers(settings, pipeline, &embedder, modes)?;
+    let mut out = Vec::with_capacity(modes.len());
+    for (mode, chunker) in modes.iter().zip(&chunkers) {
+        let (_, chunked) = chunk_all(&rt, chunker, &docs, settings.pipeline.in_flight.max(1))?;
+        let (embedded_tokens, bare_tokens_per_s, bound_notes_per_s) =
+            mode_bound(settings, chunker, mode, &docs, &chunked)?;
+        out.push(Bound {
+            mode: mode.clone(),
+            notes: docs.len(),
+            embedded_tokens,
+            bare_tokens_per_s,
+            bound_notes_per_s,
+        });
+    }
+    Ok(out)
 }
 
 /// The token ids a SEOS mode gave the model for these notes, rebuilt from their units and plans: the groups

@@ -349,6 +349,10 @@ enum BenchCommand {
         /// Alternating runs of each mode; the best time of each is kept.
         #[arg(long, default_value_t = 2)]
         runs: usize,
+        /// Only each mode's embedding bound (its notes chunked once, its model inputs through the bare loop; no
+        /// `groups` reference, no comparisons): to measure a bound right beside an end-to-end run.
+        #[arg(long)]
+        bound_only: bool,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -453,10 +457,27 @@ pub fn main() -> ExitCode {
     match real_main(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by ": ", as `{:#}` does, except that a cause the message before it already ends
+/// with is left out: our typed errors name their I/O cause in their own message ("could not write X: Invalid
+/// argument") and also expose it as `source()`, which `{:#}` printed twice.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -731,9 +752,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench { command: BenchCommand::Seos { csv, column, limit, modes, runs, config } } => {
+        Command::Bench { command: BenchCommand::Seos { csv, column, limit, modes, runs, bound_only, config } } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             let events = bench::events(&csv, &column, Some(limit)).context("reading the corpus")?;
+            if bound_only {
+                println!("{}", serde_json::to_string_pretty(&bench::bounds(&settings, &pipeline, &events, &modes)?)?);
+                return Ok(ExitCode::SUCCESS);
+            }
             let r = bench::seos(&settings, &pipeline, &events, &modes, runs)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
@@ -902,5 +927,26 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+    use crate::error::SinkError;
+    use anyhow::Context;
+
+    #[test]
+    fn chain_names_each_cause_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::InvalidInput);
+        let io_text = io.to_string();
+        let e: anyhow::Result<()> = Err(SinkError { what: "notes.ndjson".into(), source: io }.into());
+        let e = e.context("the run halted").unwrap_err();
+        // `{:#}` repeats the I/O cause the sink error's message already holds.
+        assert_eq!(format!("{e:#}").matches(&io_text).count(), 2);
+        assert_eq!(chain(&e), format!("the run halted: could not write notes.ndjson: {io_text}"));
+        // A cause that is not already in the message is kept.
+        let e = anyhow::anyhow!("root cause").context("outer");
+        assert_eq!(chain(&e), "outer: root cause");
     }
 }
