@@ -230,3 +230,34 @@ fn config_print_layers_and_rejects_unknown_keys() {
     let o = text_stages_only().env("CLINSTREAM__PIPELINE__IN_FLIGHT", "0").args(["config", "print"]).output().unwrap();
     assert!(text(&o).contains("pipeline.in_flight: must be at least 1"), "{}", text(&o));
 }
+
+/// Outputs that cannot be synced (a FIFO, /dev/null: `fsync` gives EINVAL) are written and the run ends cleanly; a
+/// real write failure still halts the run with the sink's code and names the file once.
+#[cfg(unix)]
+#[test]
+fn outputs_that_cannot_be_synced_are_written_and_a_full_disk_halts_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("notes.ndjson");
+    let lines = [valid_doc("a", "ASSESSMENT: Community-acquired pneumonia.\n")];
+    std::fs::write(&input, lines.iter().map(|d| String::from_utf8(bytes(d)).unwrap() + "\n").collect::<String>())
+        .unwrap();
+    let linked = |target: &str| {
+        let out = dir.path().join(format!("out-{}", target.replace('/', "_")));
+        std::fs::create_dir_all(&out).unwrap();
+        for name in ["notes.ndjson", "variables.ndjson", "kg.ndjson", "dead_letters.ndjson"] {
+            std::os::unix::fs::symlink(target, out.join(name)).unwrap();
+        }
+        text_stages_only().args(["run", "--no-progress", "-i"]).arg(&input).arg("-o").arg(&out).output().unwrap()
+    };
+    let o = linked("/dev/null");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // /dev/full: every write fails with ENOSPC, as on a full disk.
+    let o = linked("/dev/full");
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("\"code\":\"sink_io\""), "{err}");
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("could not write"), "{line}");
+    let cause = std::io::Error::from_raw_os_error(28).to_string();
+    assert_eq!(line.matches(&cause).count(), 1, "{line}");
+}

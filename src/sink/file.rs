@@ -95,7 +95,11 @@ impl FileSink {
             (&mut self.dead_letters, DEAD_LETTERS_FILE),
         ] {
             out.flush()
-                .and_then(|_| out.get_ref().sync_data())
+                .and_then(|_| match out.get_ref().sync_data() {
+                    // EINVAL: a file that cannot be synced (a pipe, FIFO, /dev/null); what was written went.
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+                    other => other,
+                })
                 .map_err(|source| SinkError { what: what.to_string(), source })?;
         }
         Ok(())
