@@ -358,11 +358,7 @@ pub fn seos(
     modes: &[String],
     runs: usize,
 ) -> anyhow::Result<SeosBench> {
-    use std::sync::Arc;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let embedder = crate::embed::Embedder::start(&settings.embed)?;
-    let docs: Vec<Arc<crate::model::Document>> =
-        events.iter().filter_map(|e| pipeline.process(e).ok()).map(Arc::new).collect();
+    let (rt, embedder, docs) = seos_setup(settings, pipeline, events)?;
     let mut all_modes = vec!["groups".to_string()];
     all_modes.extend(modes.iter().filter(|m| *m != "groups").cloned());
     let chunkers = seos_chunkers(settings, pipeline, &embedder, &all_modes)?;
@@ -423,6 +419,20 @@ pub fn seos(
         runs: runs.max(1),
         modes: modes_out,
     })
+}
+
+type Docs = Vec<std::sync::Arc<crate::model::Document>>;
+
+/// What the SEOS benches share: a 2-worker runtime, the embedder, and the notes through the text stages.
+fn seos_setup(
+    settings: &crate::config::Settings,
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+) -> anyhow::Result<(tokio::runtime::Runtime, crate::embed::Embedder, Docs)> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let docs = events.iter().filter_map(|e| pipeline.process(e).ok()).map(std::sync::Arc::new).collect();
+    Ok((rt, embedder, docs))
 }
 
 /// One chunker per mode (`groups`, `sentences`, `composed`: SEOS with those vectors; `fixed`: fixed-size chunks).
@@ -522,11 +532,7 @@ pub fn bounds(
     events: &[Vec<u8>],
     modes: &[String],
 ) -> anyhow::Result<Vec<Bound>> {
-    use std::sync::Arc;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let embedder = crate::embed::Embedder::start(&settings.embed)?;
-    let docs: Vec<Arc<crate::model::Document>> =
-        events.iter().filter_map(|e| pipeline.process(e).ok()).map(Arc::new).collect();
+    let (rt, embedder, docs) = seos_setup(settings, pipeline, events)?;
     let chunkers = seos_chunkers(settings, pipeline, &embedder, modes)?;
     let mut out = Vec::with_capacity(modes.len());
     for (mode, chunker) in modes.iter().zip(&chunkers) {
