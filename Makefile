@@ -18,7 +18,7 @@ NOIDA_VERSION := 0.2.3
 FHIRSNAKE_VERSION := 1.1.0
 PYYAML_VERSION := 6.0.2
 
-.PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss kafka model chaos
+.PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
@@ -29,6 +29,7 @@ help:
 	@echo "make kafka  start a local Kafka-protocol broker on 127.0.0.1:9092 (noida-db) for examples/kafka-local.toml"
 	@echo "make bench  all benchmarks on MTSamples (SHARED): text vs medSpaCy, embedding, Kafka e2e, RSS; bench/results/"
 	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes, text-only and indexing"
+	@echo "make bench-retrieval  qa-set retrieval of exact SEOS, composed and the int8 model (bench step 8)"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
@@ -135,6 +136,10 @@ E2E_NOTES ?= 200
 bench-e2e: model tools build
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
 	python3 bench/kafka_e2e.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(E2E_NOTES) 1 2
+
+# Retrieval on the qa set for exact SEOS, composed and composed with the int8 model (step 8 of `make bench` alone).
+bench-retrieval: model build
+	python3 bench/qa_retrieval.py $(BIN) $(SHARED)/eval/qa $(CARGO_TARGET_DIR)/qa-cache
 
 # RSS sampled every 5 s over a sustained run, text-only then with SEOS indexing (RSS_SECONDS each, default 300).
 RSS_SECONDS ?= 300

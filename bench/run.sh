@@ -24,7 +24,10 @@
 #      store and the Qdrant server, over SHARED/eval/qa (1,488 notes, 600 questions; SERVE_REQUESTS, 0 skips);
 #   7. the store's writes without the model (clinstream bench store --csv: the notes' own points through the store
 #      writer, 512 at once): each document alone beside group commit, embedded store and the Qdrant server
-#      (STORE_DOCS notes, default 4,000; 0 skips).
+#      (STORE_DOCS notes, default 4,000; 0 skips);
+#   8. retrieval on SHARED/eval/qa over the indexer's own chunks (bench/qa_retrieval.py): evidence recall and answer
+#      accuracy of CLEAR, dense and hybrid for exact SEOS (groups), composed, and composed with the int8 model, each
+#      against exact in points (QA_RETRIEVAL=0 skips; about 15 minutes, most of it exact SEOS's embedding).
 # Usage: bench/run.sh SHARED_DIR [LIMIT]   (LIMIT: first N notes for 1; default all 4,966 non-empty notes)
 # Writes bench/results/<date>.json and prints the comparison. Needs: cargo, python3 (venv + pip from PyPI), and for
 # 3 the broker from `make tools`.
@@ -155,6 +158,12 @@ if [ "${STORE_DOCS:-4000}" != 0 ]; then
     --runs 1 --url "$url" > "$WORK/store.json"
 fi
 
+echo '{}' > "$WORK/retrieval.json"
+if [ "${QA_RETRIEVAL:-1}" != 0 ]; then
+  echo "retrieval on the qa set: exact SEOS, composed, composed with the int8 model (clear, dense, hybrid; budget 1,024)..." >&2
+  python3 bench/qa_retrieval.py "$BIN" "$SHARED/eval/qa" "$WORK/qa-cache" > "$WORK/retrieval.json"
+fi
+
 python3 - "$WORK" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 work = sys.argv[1]
@@ -175,6 +184,7 @@ rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
 serve = json.load(open(f"{work}/serve.json"))
 store = json.load(open(f"{work}/store.json"))
+retrieval = json.load(open(f"{work}/retrieval.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
 ours = single["all"]["notes_per_s"]
@@ -220,6 +230,7 @@ result = {
     "quantization": quant,
     "serve": serve,
     "store_writes": store,
+    "retrieval": retrieval,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
         "vs_medspacy_sentencizer_notes_per_s_per_core": ours / m["runs"]["sentencizer"]["notes_per_s"],
@@ -359,5 +370,16 @@ if store:
         how = "each document alone" if r["group_points"] == 0 else f"group commit ({r['group_points']} points)"
         print(f"  {r['store']:<9}{how:<34}{r['docs_per_s']:8.0f} documents/s   mean group {r['mean_group_documents']:.1f}"
               f"   x{r['ratio_to_ungrouped']:.2f} of each alone")
+if retrieval:
+    print(f"retrieval on the qa set (budget {retrieval['budget_tokens']} tokens, the indexer's own chunks), against "
+          f"{retrieval['reference']} in points:")
+    for x in retrieval["entries"]:
+        cells = []
+        for k, v in x["strategies"].items():
+            d = x["vs_reference_points"][k]
+            cells.append(f"{k} recall {v['evidence_recall']:.3f} ({d['evidence_recall']:+.1f}) accuracy "
+                         f"{v['answer_accuracy']:.3f} ({d['answer_accuracy']:+.1f})")
+        print(f"  {x['name']:<14} {'; '.join(cells)}; evidence recall within 1 point: {x['within_1_point']} "
+              f"({x['seconds']:.0f} s)")
 print(f"wrote {path}")
 PY
