@@ -371,15 +371,18 @@ if store:
         print(f"  {r['store']:<9}{how:<34}{r['docs_per_s']:8.0f} documents/s   mean group {r['mean_group_documents']:.1f}"
               f"   x{r['ratio_to_ungrouped']:.2f} of each alone")
 if retrieval:
-    print(f"retrieval on the qa set (budget {retrieval['budget_tokens']} tokens, the indexer's own chunks), against "
-          f"{retrieval['reference']} in points:")
+    print(f"retrieval on the qa set (budget {retrieval['budget_tokens']} tokens, the indexer's own chunks); evidence "
+          f"recall and answer accuracy, in points against {retrieval['reference']} (and a model variant against the "
+          "same mode in fp32):")
     for x in retrieval["entries"]:
         cells = []
         for k, v in x["strategies"].items():
-            d = x["vs_reference_points"][k]
-            cells.append(f"{k} recall {v['evidence_recall']:.3f} ({d['evidence_recall']:+.1f}) accuracy "
-                         f"{v['answer_accuracy']:.3f} ({d['answer_accuracy']:+.1f})")
-        print(f"  {x['name']:<14} {'; '.join(cells)}; evidence recall within 1 point: {x['within_1_point']} "
-              f"({x['seconds']:.0f} s)")
+            d, a = x["vs_reference_points"][k], x["vs_against_points"][k]
+            extra = (f"; vs {x['against']} {a['evidence_recall']:+.2f} / {a['answer_accuracy']:+.2f}"
+                     if x["against"] != retrieval["reference"] else "")
+            cells.append(f"{k} {v['evidence_recall']:.3f} / {v['answer_accuracy']:.3f} "
+                         f"({d['evidence_recall']:+.2f} / {d['answer_accuracy']:+.2f}{extra})")
+        print(f"  {x['name']:<14} {'; '.join(cells)}")
+        print(f"  {'':<14} evidence recall within 1 point of {x['against']}: {x['within_1_point']} ({x['seconds']:.0f} s)")
 print(f"wrote {path}")
 PY

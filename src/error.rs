@@ -115,6 +115,7 @@ error_codes! {
     InternalError => "internal_error", DeadLetter, "A stage failed unexpectedly (a bug); the event is dead-lettered and the run goes on.";
     KafkaUnavailable => "kafka_unavailable", Retry, "The Kafka cluster could not be reached, timed out or refused a request; retried with capped backoff, the partition never advances past the event.";
     DeliveryFailed => "delivery_failed", Halt, "An output record was not delivered within `kafka.halt_after_ms` (or was refused); the worker stops without committing.";
+    ConsumerFatal => "consumer_fatal", Halt, "The Kafka consumer hit a fatal error (for example `FencedInstanceId`: another consumer joined the group with the same `kafka.group_instance_id`, or a restarted broker fenced this one); it can neither fetch nor commit again, so the worker stops at once and its restart redelivers the uncommitted events.";
     CommitFailed => "commit_failed", Halt, "Offsets (or a transaction) could not be committed within `kafka.halt_after_ms`; the worker stops and the uncommitted events are redelivered.";
     DeadLetterLimit => "dead_letter_limit", Halt, "Too many events were dead-lettered (`kafka.dead_letters`); the worker stops instead of dead-lettering a whole topic after a bad deploy.";
     SchemaRegistryFailed => "schema_registry_failed", Halt, "The Schema Registry (`kafka.schema_registry.url`) refused an output schema (incompatible with the subject's compatibility rules, or bad credentials) or stayed unreachable for `kafka.halt_after_ms`; the worker does not start consuming.";

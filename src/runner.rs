@@ -276,7 +276,7 @@ where
                 self.drain().await?;
                 let _ = done.send(());
             }
-            Intake::Failed(e) => return Err(e.into()),
+            Intake::Failed(e) => return Err(e),
         }
         Ok(())
     }

@@ -52,7 +52,7 @@ pub async fn produce(settings: &Settings, inputs: &[Input], topic: &str) -> Resu
     let mut deliveries: Vec<(Origin, usize, DeliveryFuture)> = Vec::new();
     while let Some(item) = rx.recv().await {
         match item {
-            SourceEvent::Failed(e) => return Err(e.into()),
+            SourceEvent::Failed(e) => return Err(e),
             SourceEvent::Record(envelope) => {
                 let key = event_key(&envelope.payload);
                 let mut record = FutureRecord::<str, [u8]>::to(topic).payload(&envelope.payload);

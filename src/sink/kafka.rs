@@ -402,6 +402,12 @@ impl Output {
                     return Ok(false);
                 }
                 Err(e) => {
+                    // A consumer in a fatal state (fenced) commits nothing ever again: halt now, not after
+                    // `kafka.halt_after_ms` of retries (the restarted worker redelivers what is uncommitted).
+                    if let Some(error) = crate::source::kafka::fatal(&self.consumer) {
+                        metrics().commits.with_label_values(&["failed"]).inc();
+                        return Err(error);
+                    }
                     warn!(code = ErrorCode::KafkaUnavailable.as_str(), error = %e, "Commit failed; retrying.");
                     metrics().commits.with_label_values(&["failed"]).inc();
                     metrics().retries.with_label_values(&["commit"]).inc();

@@ -156,7 +156,7 @@ impl Reader {
             let path = Arc::new(path);
             let file = match File::open(path.as_ref()) {
                 Ok(f) => f,
-                Err(e) => return self.send(SourceEvent::Failed(io_err(&path, e))),
+                Err(e) => return self.send(SourceEvent::Failed(io_err(&path, e).into())),
             };
             let whole = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("json"));
             let mut input = BufReader::with_capacity(256 * 1024, file);
@@ -165,7 +165,7 @@ impl Reader {
             if let Err(e) = result {
                 return match e {
                     ReadError::Stop => Err(Stop),
-                    ReadError::Io(e) => self.send(SourceEvent::Failed(io_err(&path, e))),
+                    ReadError::Io(e) => self.send(SourceEvent::Failed(io_err(&path, e).into())),
                 };
             }
         }
@@ -176,7 +176,7 @@ impl Reader {
             if let Err(e) = self.stdin(&mut input, &origin) {
                 return match e {
                     ReadError::Stop => Err(Stop),
-                    ReadError::Io(e) => self.send(SourceEvent::Failed(io_err(Path::new("<stdin>"), e))),
+                    ReadError::Io(e) => self.send(SourceEvent::Failed(io_err(Path::new("<stdin>"), e).into())),
                 };
             }
         }

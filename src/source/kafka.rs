@@ -510,7 +510,18 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
             Some(until) => until.saturating_duration_since(now).min(Duration::from_millis(100)),
             None => Duration::from_millis(100),
         };
-        match consumer.poll(timeout) {
+        let polled = consumer.poll(timeout);
+        // A consumer in a fatal state (librdkafka: `FencedInstanceId`, another member with this
+        // `group.instance.id`) fetches and commits nothing ever again: the run halts at once (`consumer_fatal`)
+        // instead of idling, and the restarted worker redelivers what was not committed. Checked when a poll
+        // brought no message, so the message path pays nothing.
+        if !matches!(polled, Some(Ok(_)))
+            && let Some(error) = fatal(consumer)
+        {
+            ctx.push(Intake::Failed(error));
+            break;
+        }
+        match polled {
             None => {}
             Some(Ok(message)) => {
                 recheck |= at_end.remove(&message.partition());
@@ -553,6 +564,14 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
         }
     }
     debug!("Intake stopped.");
+}
+
+/// The halt for a consumer in a fatal state, if it is in one. librdkafka's reason names the error and the
+/// broker's words, never record contents.
+pub(crate) fn fatal(consumer: &IntakeConsumer) -> Option<RunError> {
+    consumer.client().fatal_error().map(|(code, reason)| {
+        RunError::halt(ErrorCode::ConsumerFatal, format!("the Kafka consumer hit a fatal error ({code:?}): {reason}"))
+    })
 }
 
 /// Whether every assigned partition (by number) has reached its end.

@@ -15,6 +15,7 @@ pub mod kafka;
 
 use std::path::PathBuf;
 
+use crate::error::RunError;
 pub use crate::error::SourceError;
 pub use crate::model::Origin;
 use crate::model::Partition;
@@ -49,8 +50,8 @@ pub enum Intake<R> {
         partitions: Vec<Partition>,
         done: std::sync::mpsc::SyncSender<()>,
     },
-    /// The input could not be read; the run halts.
-    Failed(SourceError),
+    /// The input could not be read (a file's I/O error, a Kafka consumer in a fatal state); the run halts.
+    Failed(RunError),
 }
 
 /// The file source's events.
