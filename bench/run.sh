@@ -11,8 +11,7 @@
 #      200): model tokens per note, agreement with the exact plan, and each mode's embedding bound (its own model
 #      inputs through the bare ONNX Runtime loop); then end to end in file mode on the same notes, BASE_BIN (today's
 #      release, when given) beside this tree's SEOS modes and fixed chunks, best of SEOS_E2E_ROUNDS (default 3)
-#      (SEOS_E2E_NOTES, default SEOS_NOTES;
-#      0 skips);
+#      (SEOS_E2E_NOTES, default SEOS_NOTES; 0 skips);
 #   3. end to end through a local broker on the same notes: fixed chunks with 1 and 2 workers, SEOS with 1
 #      (E2E_NOTES, default SEOS_NOTES; E2E_NOTES=0 skips), best of E2E_ROUNDS (default 2; the file-mode runs 3:
 #      SEOS_E2E_ROUNDS); every end-to-end figure is printed beside its bound;
