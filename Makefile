@@ -18,7 +18,7 @@ NOIDA_VERSION := 0.2.3
 FHIRSNAKE_VERSION := 1.1.0
 PYYAML_VERSION := 6.0.2
 
-.PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval kafka model chaos
+.PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench  all benchmarks on MTSamples (SHARED): text vs medSpaCy, embedding, Kafka e2e, RSS; bench/results/"
 	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes, text-only and indexing"
 	@echo "make bench-retrieval  qa-set retrieval of exact SEOS, composed and the int8 model (bench step 8)"
+	@echo "make bench-capacity   the worker around the model: synthetic embedder end to end vs text stages vs store writes (bench step 9)"
 	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
@@ -136,6 +137,20 @@ E2E_NOTES ?= 200
 bench-e2e: model tools build
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
 	python3 bench/kafka_e2e.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(E2E_NOTES) 1 2
+
+# The worker's capacity around the model (step 9 of `make bench` alone): end to end with the synthetic embedder
+# beside text stages only and the store's writes alone, file and Kafka mode, embedded store and a Qdrant server.
+CAPACITY_NOTES ?= 4966
+bench-capacity: model tools build
+	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
+	@qdir=$$(mktemp -d); http=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'); \
+	grpc=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'); \
+	QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$$http QDRANT__SERVICE__GRPC_PORT=$$grpc \
+	  QDRANT__STORAGE__STORAGE_PATH=$$qdir/storage QDRANT__STORAGE__SNAPSHOTS_PATH=$$qdir/snapshots \
+	  QDRANT__TELEMETRY_DISABLED=true QDRANT__LOG_LEVEL=WARN $(SHARED)/tools/qdrant/qdrant-server > $$qdir/log 2>&1 & qpid=$$!; \
+	for _ in $$(seq 600); do curl -sf "http://127.0.0.1:$$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done; \
+	rc=0; QDRANT_URL=http://127.0.0.1:$$grpc python3 bench/capacity.py $(BIN) $(CARGO_TARGET_DIR)/mtsamples.csv $(CAPACITY_NOTES) || rc=$$?; \
+	kill $$qpid; rm -rf $$qdir; exit $$rc
 
 # Retrieval on the qa set for exact SEOS, composed and composed with the int8 model (step 8 of `make bench` alone).
 bench-retrieval: model build

@@ -9,12 +9,17 @@
 # model/ (all-MiniLM-L6-v2 as `make model` writes it: model.onnx, model.fp16.onnx, tokenizer.json, config.json,
 # sentence_bert_config.json), noida-db (the test broker; `make tools`), mtsamples.csv, and for E2E_STORE=server a
 # Qdrant server binary `qdrant`.
-# STEPS (default all) picks: fail check sweep store e2e.  Writes JSON lines and logs to OUT (default DIR/out).
+# STEPS (default all) picks: fail check sweep store e2e worker.  Writes JSON lines and logs to OUT (default DIR/out).
+# `worker` is one worker in file mode with the chart's GPU settings (gpu.settings in helm/clinstream/values.yaml):
+# the model's bound (bench seos --bound-only), the store's write rate (bench store), end to end with the model,
+# the share of the run the GPU was busy (nvidia-smi's utilization, sampled every 250 ms), and text stages only;
+# WORKER_BINS="name=PATH[@KEY=VALUE,...] ..." adds end-to-end runs beside DIR/clinstream's: another binary (a
+# baseline) or other settings (e.g. "shards1=DIR/clinstream@CLINSTREAM__STORE__SHARDS=1").
 # E2E_STORE=server starts DIR/qdrant for the store and e2e steps (CLINSTREAM__STORE__SHARDS etc. pass through).
 set -euo pipefail
 G=$(cd "$1" && pwd)
 OUT=${2:-$G/out}
-STEPS=${STEPS:-fail check sweep store e2e}
+STEPS=${STEPS:-fail check sweep store e2e worker}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 
@@ -108,6 +113,80 @@ e2e)
       | python3 -c 'import json,sys,os; d=json.load(sys.stdin); d["mode"]=sys.argv[1]; d["store"]=os.environ.get("E2E_STORE","embedded"); d["chunking"]=os.environ.get("E2E_CHUNKING","seos"); d["in_flight"]=os.environ.get("CLINSTREAM__PIPELINE__IN_FLIGHT","64"); d["group_points"]=os.environ.get("CLINSTREAM__STORE__GROUP_POINTS","2048"); d["shards"]=os.environ.get("CLINSTREAM__STORE__SHARDS","1"); print(json.dumps(d))' "$mode" \
       | tee -a "$OUT/results.jsonl"
   done
+  ;;
+worker)
+  # The chart's GPU settings (a key already in the environment wins).
+  export CLINSTREAM__EMBED__MODEL_FILE=${CLINSTREAM__EMBED__MODEL_FILE:-model.fp16.onnx}
+  export CLINSTREAM__EMBED__BATCH_TOKENS=${CLINSTREAM__EMBED__BATCH_TOKENS:-65536}
+  export CLINSTREAM__EMBED__MAX_BATCH=${CLINSTREAM__EMBED__MAX_BATCH:-1024}
+  export CLINSTREAM__PIPELINE__IN_FLIGHT=${CLINSTREAM__PIPELINE__IN_FLIGHT:-512}
+  export CLINSTREAM__STORE__SHARDS=${CLINSTREAM__STORE__SHARDS:-$(python3 -c 'import sys,re; t=open(sys.argv[1]).read(); m=re.search(r"store\.shards:\s*\"?(\d+)", t); print(m.group(1) if m else 1)' helm/clinstream/values.yaml)}
+  N=${WORKER_NOTES:-4966}
+  # WORKER_REPEAT copies of the notes, each copy under its own ids (a longer run; default 1).
+  python3 -c 'import sys, json; sys.path.insert(0, "bench"); import kafka_e2e
+with open(sys.argv[3], "w") as f:
+    for r in range(int(sys.argv[4])):
+        for line in kafka_e2e.notes(sys.argv[1], int(sys.argv[2])):
+            d = json.loads(line); d["id"] += "-" + str(r); f.write(json.dumps(d) + "\n")' "$CSV" "$N" "$OUT/notes.ndjson" "${WORKER_REPEAT:-1}"
+  mark "worker bound"
+  "$BIN" bench seos --csv "$CSV" --limit "$N" --modes composed --bound-only > "$OUT/bound.json"
+  mark "worker store"
+  "$BIN" bench store --csv "$CSV" --docs "$N" --concurrency "$CLINSTREAM__PIPELINE__IN_FLIGHT" --groups 2048 --runs 1 \
+    ${QURL:+--url $QURL} > "$OUT/store-alone.json"
+  for entry in "clinstream=$BIN" ${WORKER_BINS:-}; do
+    name=${entry%%=*}; bin=${entry#*=}; settings=
+    case $bin in *@*) settings=${bin#*@}; bin=${bin%%@*};; esac
+    for mode in model text-only; do
+      if [ "$mode" = text-only ]; then extra=(CLINSTREAM__EMBED__ENABLED=false); else extra=(); fi
+      [ -n "$settings" ] && extra+=(${settings//,/ })
+      [ "$mode" = text-only ] && [ "$name" != clinstream ] && continue
+      rm -rf "$OUT/worker-out"
+      mark "worker e2e $name $mode"
+      env "${extra[@]}" CLINSTREAM__STORE__PATH="$OUT/worker-out/qdrant" ${QURL:+CLINSTREAM__STORE__KIND=qdrant CLINSTREAM__STORE__URL=$QURL CLINSTREAM__STORE__COLLECTION=w_$RANDOM} \
+        "$bin" run --no-progress --input "$OUT/notes.ndjson" --out "$OUT/worker-out" > "$OUT/worker-$name-$mode.txt" 2> "$OUT/worker-$name-$mode.log" || true
+      mark "worker e2e end"
+    done
+  done
+  rm -rf "$OUT/worker-out"
+  # Everything from the same machine in one line: the end-to-end rate, the GPU's busy share during that run (mean
+  # utilization.gpu of the samples between its marks), beside the model's bound and the store's write rate.
+  python3 - "$OUT" "$N" "$CLINSTREAM__STORE__SHARDS" <<'PY' | tee -a "$OUT/results.jsonl"
+import json, re, sys, glob, os
+out, shards = sys.argv[1], int(sys.argv[3])
+n = sum(1 for _ in open(f"{out}/notes.ndjson"))
+bound = json.load(open(f"{out}/bound.json"))[0]
+store = json.load(open(f"{out}/store-alone.json"))
+from datetime import datetime
+# Samples (time, utilization) per step; a run's window starts after its start-up (the step's mark, then the
+# summary's `start-up`) and lasts its `time` (first note to store flushed), so neither the model's load nor the
+# index housekeeping the process finishes after its summary is counted.
+samples, starts, step = {}, {}, None
+for line in open(f"{out}/smi.csv"):
+    f = [x.strip() for x in line.split(",")]
+    try: t = datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+    except (ValueError, IndexError): continue
+    if len(f) >= 3 and f[1] == "mark":
+        step = f[2]; starts.setdefault(step, t); continue
+    if step and step.startswith("worker e2e ") and step != "worker e2e end":
+        try: samples.setdefault(step, []).append((t, float(f[2])))
+        except (ValueError, IndexError): pass
+rows = {}
+for path in sorted(glob.glob(f"{out}/worker-*.txt")):
+    name = os.path.basename(path)[len("worker-"):-len(".txt")]
+    text = open(path).read()
+    m = re.search(r"\(([\d.]+) notes/s", text)
+    secs = re.search(r"time\s+([\d.]+) s", text)
+    startup = re.search(r"start-up\s+([\d.]+) s", text)
+    key = "worker e2e " + name.replace("-model", " model").replace("-text-only", " text-only")
+    begin = starts.get(key, 0) + (float(startup.group(1)) if startup else 0)
+    run = [u for t, u in samples.get(key, []) if secs and begin <= t <= begin + float(secs.group(1))]
+    rows[name] = {"notes_per_s": float(m.group(1)) if m else None, "seconds": float(secs.group(1)) if secs else None,
+                  "gpu_busy_share": round(sum(run) / len(run) / 100, 3) if run else None, "samples": len(run)}
+e2e = rows.get("clinstream-model", {}).get("notes_per_s")
+print(json.dumps({"step": "worker", "notes": n, "shards": shards, "model_bound_notes_per_s": round(bound["bound_notes_per_s"], 1),
+                  "store_alone_docs_per_s": {r["store"]: round(r["docs_per_s"], 1) for r in store},
+                  "runs": rows, "e2e_over_model_bound": round(e2e / bound["bound_notes_per_s"], 3) if e2e else None}))
+PY
   ;;
 esac; done
 mark end

@@ -24,6 +24,9 @@
 #   7. the store's writes without the model (clinstream bench store --csv: the notes' own points through the store
 #      writer, 512 at once): each document alone beside group commit, embedded store and the Qdrant server
 #      (STORE_DOCS notes, default 4,000; 0 skips);
+#   9. capacity around the model (bench/capacity.py, CAPACITY_NOTES notes, default 4,966; 0 skips): end to end with
+#      the synthetic embedder beside text stages only and the store's write path alone, file and Kafka mode, the
+#      embedded store and the Qdrant server, and the ratio of the first to the smaller of the other two;
 #   8. retrieval on SHARED/eval/qa over the indexer's own chunks (bench/qa_retrieval.py): evidence recall and answer
 #      accuracy of CLEAR, dense and hybrid for exact SEOS (groups), composed, and composed with the int8 model, each
 #      against exact in points (QA_RETRIEVAL=0 skips; about 15 minutes, most of it exact SEOS's embedding).
@@ -127,7 +130,7 @@ if [ "${RSS_SECONDS:-300}" != 0 ]; then
 fi
 
 url=${QDRANT_URL:-}
-if [ -z "$url" ] && { [ "${QUANT_NOTES:-300}" != 0 ] || [ "${SERVE_REQUESTS:-600}" != 0 ] || [ "${STORE_DOCS:-4000}" != 0 ]; }; then
+if [ -z "$url" ] && { [ "${QUANT_NOTES:-300}" != 0 ] || [ "${SERVE_REQUESTS:-600}" != 0 ] || [ "${STORE_DOCS:-4000}" != 0 ] || [ "${CAPACITY_NOTES:-4966}" != 0 ]; }; then
   qdir=$(mktemp -d); http=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   grpc=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   QDRANT__SERVICE__HOST=127.0.0.1 QDRANT__SERVICE__HTTP_PORT=$http QDRANT__SERVICE__GRPC_PORT=$grpc \
@@ -137,6 +140,11 @@ if [ -z "$url" ] && { [ "${QUANT_NOTES:-300}" != 0 ] || [ "${SERVE_REQUESTS:-600
   trap 'kill $qpid 2>/dev/null; rm -rf "$qdir"' EXIT
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   url=http://127.0.0.1:$grpc
+fi
+echo '{}' > "$WORK/capacity.json"
+if [ "${CAPACITY_NOTES:-4966}" != 0 ]; then
+  echo "capacity around the model (${CAPACITY_NOTES:-4966} notes): synthetic embedder end to end, text stages only, store writes alone..." >&2
+  QDRANT_URL=$url python3 bench/capacity.py "$BIN" "$WORK/mtsamples.csv" "${CAPACITY_NOTES:-4966}" > "$WORK/capacity.json"
 fi
 echo '{}' > "$WORK/quantization.json"
 if [ "${QUANT_NOTES:-300}" != 0 ]; then
@@ -183,6 +191,7 @@ rss = json.load(open(f"{work}/rss.json"))
 quant = json.load(open(f"{work}/quantization.json"))
 serve = json.load(open(f"{work}/serve.json"))
 store = json.load(open(f"{work}/store.json"))
+capacity = json.load(open(f"{work}/capacity.json"))
 retrieval = json.load(open(f"{work}/retrieval.json"))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 single = {s["stage"]: s for s in c["single_thread"]}
@@ -229,6 +238,7 @@ result = {
     "quantization": quant,
     "serve": serve,
     "store_writes": store,
+    "capacity": capacity,
     "retrieval": retrieval,
     "ratios": {
         "vs_medspacy_pyrush_notes_per_s_per_core": ours / m["runs"]["pyrush"]["notes_per_s"],
@@ -369,6 +379,13 @@ if store:
         how = "each document alone" if r["group_points"] == 0 else f"group commit ({r['group_points']} points)"
         print(f"  {r['store']:<9}{how:<34}{r['docs_per_s']:8.0f} documents/s   mean group {r['mean_group_documents']:.1f}"
               f"   x{r['ratio_to_ungrouped']:.2f} of each alone")
+if capacity:
+    print(f"capacity around the model ({capacity['notes']} notes, best of {capacity['rounds']}, store.shards = "
+          f"{capacity['shards']}; notes/s; goal: end to end >= 0.8 x the smaller bound):")
+    for r in capacity["rows"]:
+        print(f"  {r['intake']:<6}{r['store']:<9}end to end (synthetic embedder) {r['e2e_synthetic_notes_per_s']:7.0f}   "
+              f"text stages only {r['text_only_notes_per_s']:7.0f}   store writes alone {r['store_alone_notes_per_s']:7.0f}   "
+              f"ratio {r['ratio_to_bound']:.2f} (bound: {r['bound']})")
 if retrieval:
     print(f"retrieval on the qa set (budget {retrieval['budget_tokens']} tokens, the indexer's own chunks); evidence "
           f"recall and answer accuracy, in points against {retrieval['reference']} (and a model variant against the "

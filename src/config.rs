@@ -147,8 +147,12 @@ pub struct EmbedSettings {
     pub model_file: String,
     /// The ONNX Runtime shared library (`ORT_DYLIB_PATH` is used when this is empty).
     pub ort_library: String,
-    /// `cpu` or `cuda` (CUDA fails start-up when the provider cannot be registered; it never falls back).
+    /// `cpu` or `cuda` (CUDA fails start-up when the provider cannot be registered; it never falls back); for
+    /// benchmarks only, `synthetic` (vectors hashed from the token ids, no model run; needs `allow_synthetic`).
     pub execution_provider: String,
+    /// Accept `execution_provider = "synthetic"`: a benchmark of everything around the model. Never in production:
+    /// its vectors mean nothing.
+    pub allow_synthetic: bool,
     pub cuda_device: i32,
     /// ONNX Runtime intra-op threads; 0 = its default (one per physical core).
     pub intra_threads: usize,
@@ -222,6 +226,9 @@ pub struct StoreSettings {
     /// Embedded store: after this many points written or deleted, flush the segments and run Qdrant's optimizers
     /// (vacuum, merge, index) in the background; 0 = only flush at shutdown.
     pub maintain_every: u64,
+    /// Embedded store: threads a maintenance may use to build a segment's HNSW graph; 0 = a quarter of the cores,
+    /// at least one.
+    pub maintain_threads: usize,
     /// Server collections the worker creates: shards, replicas of each shard, and how many replicas confirm a
     /// write.
     pub shards: u32,
@@ -719,8 +726,15 @@ impl Settings {
 
     fn validate_embed(&self, problems: &mut Vec<String>) {
         let (e, c, st) = (&self.embed, &self.chunking, &self.store);
-        if !["cpu", "cuda"].contains(&e.execution_provider.as_str()) {
+        if !["cpu", "cuda", "synthetic"].contains(&e.execution_provider.as_str()) {
             problems.push(format!("embed.execution_provider: `{}` is not cpu or cuda", e.execution_provider));
+        }
+        if e.execution_provider == "synthetic" && !e.allow_synthetic {
+            problems.push(
+                "embed.execution_provider: `synthetic` gives vectors that mean nothing (a benchmark of the worker \
+                 without the model's cost); set embed.allow_synthetic = true to ask for it"
+                    .to_string(),
+            );
         }
         if e.max_batch == 0 {
             problems.push("embed.max_batch: must be at least 1".to_string());
@@ -785,8 +799,8 @@ impl Settings {
         if !["none", "int8"].contains(&st.quantization.as_str()) {
             problems.push(format!("store.quantization: `{}` is not none or int8", st.quantization));
         }
-        if !(4..=128).contains(&st.hnsw_m) {
-            problems.push("store.hnsw_m: must be between 4 and 128".to_string());
+        if st.hnsw_m != 0 && !(4..=128).contains(&st.hnsw_m) {
+            problems.push("store.hnsw_m: must be 0 (no graph) or between 4 and 128".to_string());
         }
         if !(4..=4096).contains(&st.hnsw_ef_construct) {
             problems.push("store.hnsw_ef_construct: must be between 4 and 4096".to_string());

@@ -274,24 +274,20 @@ impl Chunker {
         let embedder = self.embedder.clone();
         let (units, first_ids) = self
             .on_cpu(doc, move |cpu, d| {
-                let units = cpu.units(d);
-                let spans: Vec<(usize, usize)> = if !seos {
-                    Vec::new()
+                let (units, unit_ids) = cpu.units_encoded(d);
+                let ids = if !seos {
+                    Ok(Vec::new())
                 } else if per_unit {
                     // One unit has no shift to find, but `composed` still needs its vector for the chunk.
-                    if units.len() >= 2 || mode == SeosVectors::Composed {
-                        units.iter().map(|u| (u.start, u.end)).collect()
-                    } else {
-                        Vec::new()
-                    }
+                    if units.len() >= 2 || mode == SeosVectors::Composed { Ok(unit_ids) } else { Ok(Vec::new()) }
                 } else {
-                    chunk::groups(&units, cpu.neighbours)
+                    let texts: Vec<&str> = chunk::groups(&units, cpu.neighbours)
                         .iter()
-                        .map(|r| (units[r.start].start, units[r.end - 1].end))
-                        .collect()
+                        .map(|r| &d.note.text[units[r.start].start..units[r.end - 1].end])
+                        .collect();
+                    embedder.encode(&texts)
                 };
-                let texts: Vec<&str> = spans.iter().map(|&(a, b)| &d.note.text[a..b]).collect();
-                (units, embedder.encode(&texts))
+                (units, ids)
             })
             .await?;
         let first_ids = first_ids.map_err(embed_err)?;
@@ -365,7 +361,8 @@ impl Indexer {
     pub async fn index(&self, doc: &Arc<Document>) -> Result<usize, DocError> {
         let note = &doc.note;
         if note.entered_in_error {
-            self.retrying(|| self.store.delete_document(&note.doc_id, None)).await?;
+            // A write with no points removes the document, in order with its other writes.
+            self.retrying(|| self.writer.write(&note.doc_id, Vec::new())).await?;
             return Ok(0);
         }
         let clock = Instant::now();
@@ -386,7 +383,7 @@ impl Indexer {
         // then any documents this one replaces.
         self.retrying(|| self.writer.write(&note.doc_id, points.clone())).await?;
         for replaced in note.replaces() {
-            self.retrying(|| self.store.delete_document(replaced, None)).await?;
+            self.retrying(|| self.writer.write(replaced, Vec::new())).await?;
         }
         let m = metrics();
         m.stage_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
@@ -408,18 +405,31 @@ impl Indexer {
 impl Cpu {
     /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
     pub fn units(&self, doc: &Document) -> Vec<Unit> {
+        self.units_encoded(doc).0
+    }
+
+    /// The units and each unit's model input (token ids with the special tokens), from one tokenization of each
+    /// sentence: a unit's token count is its input's length without the special tokens, so SEOS's sentence vectors
+    /// need no second pass of the tokenizer (the worker's most expensive CPU step besides the text stages). A
+    /// sentence over the unit cap is cut at every cap-th token end and each piece tokenized on its own, as the
+    /// model sees it. A sentence the tokenizer cannot read gets no unit.
+    fn units_encoded(&self, doc: &Document) -> (Vec<Unit>, Vec<Vec<u32>>) {
         let cap = self.params.max_unit_tokens();
+        let special = self.embedder.info().special_tokens;
         let text = &doc.note.text;
         let mut units = Vec::with_capacity(doc.sentences.len());
+        let mut inputs = Vec::with_capacity(doc.sentences.len());
         for s in &doc.sentences {
             let segment = if self.cross_sections { 0 } else { s.section };
             let sentence = &text[s.start..s.end];
-            let tokens = self.embedder.count_tokens(sentence);
+            let Ok(ids) = self.embedder.encode_one(sentence) else { continue };
+            let tokens = ids.len().saturating_sub(special);
             if tokens == 0 {
                 continue;
             }
             if tokens <= cap {
                 units.push(Unit { start: s.start, end: s.end, tokens, segment });
+                inputs.push(ids);
                 continue;
             }
             // Cut at every `cap`-th token end.
@@ -429,12 +439,14 @@ impl Cpu {
                 if (i + 1) % cap == 0 || i + 1 == ends.len() {
                     let n = if (i + 1) % cap == 0 { cap } else { (i + 1) % cap };
                     let piece_end = if i + 1 == ends.len() { sentence.len() } else { end };
+                    let piece = &sentence[from..piece_end];
                     units.push(Unit { start: s.start + from, end: s.start + piece_end, tokens: n, segment });
+                    inputs.push(self.embedder.encode_one(piece).unwrap_or_default());
                     from = piece_end;
                 }
             }
         }
-        units
+        (units, inputs)
     }
 
     /// Chunks from the planner's plan over `units` and the SEOS shifts.

@@ -400,7 +400,10 @@ mod tests {
     //! committed past an unfinished document, nor ahead of its outputs. Fake work (random durations, dead letters,
     //! halts), a fake outputs side whose records become durable only when a checkpoint waits for them, revocations
     //! in the intake stream, and tokio's paused clock (so the commit ticks and the work interleave at random but
-    //! deterministically per case).
+    //! deterministically per case). The written documents' store writes go through a fake group-commit store
+    //! (`FakeStore`, the contract of `store::Writer`): writes wait in lanes and are applied in groups, lanes finish
+    //! out of order, and a group fails now and then, so each of its documents asks again; a commit must never pass
+    //! a document whose store write is not applied.
 
     use std::collections::{BTreeMap, HashSet};
     use std::sync::Mutex;
@@ -463,11 +466,80 @@ mod tests {
         durable: HashSet<Key>,
         /// Every commit: (partition, next offset).
         commits: Vec<(Partition, i64)>,
+        /// Documents whose store write was applied (a group holding them succeeded).
+        stored: HashSet<Key>,
+        /// Store groups applied and failed, and the largest group.
+        groups: usize,
+        failed_groups: usize,
+        largest_group: usize,
         /// Offsets below a commit that were, at the moment of that commit, unfinished or not durable.
         violations: Vec<String>,
     }
 
-    struct FakeWork(Arc<Mutex<Log>>);
+    /// One store write waiting in a lane: the document and where to answer.
+    type Write = (Key, tokio::sync::oneshot::Sender<bool>);
+
+    /// A store behind group commit, as `store::Writer` applies one: a document's write goes to its lane (by
+    /// offset, so neighbours take different lanes), each lane applies what waits as one group after a latency of
+    /// its own (lanes finish out of order), and every fourth group fails, answering each of its documents with a
+    /// failure (they retry, as `index::retry_store` does).
+    struct FakeStore {
+        lanes: Vec<mpsc::Sender<Write>>,
+    }
+
+    impl FakeStore {
+        fn start(log: Arc<Mutex<Log>>) -> FakeStore {
+            let lanes = (0..3u64)
+                .map(|lane| {
+                    let (tx, mut rx) = mpsc::channel::<Write>(1024);
+                    let log = Arc::clone(&log);
+                    tokio::spawn(async move {
+                        let mut n = 0u64;
+                        while let Some(first) = rx.recv().await {
+                            let mut group = vec![first];
+                            while let Ok(w) = rx.try_recv() {
+                                group.push(w);
+                            }
+                            n += 1;
+                            tokio::time::sleep(Duration::from_millis(1 + (lane * 3 + n) % 7)).await;
+                            let ok = !(n + lane).is_multiple_of(4);
+                            let mut l = log.lock().unwrap();
+                            l.groups += 1;
+                            l.largest_group = l.largest_group.max(group.len());
+                            if !ok {
+                                l.failed_groups += 1;
+                            }
+                            for (key, reply) in group {
+                                if ok {
+                                    l.stored.insert(key);
+                                }
+                                let _ = reply.send(ok);
+                            }
+                        }
+                    });
+                    tx
+                })
+                .collect();
+            FakeStore { lanes }
+        }
+
+        /// Writes a document, asking again after a failed group, until it is applied.
+        async fn write(&self, key: Key) {
+            loop {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let lane = &self.lanes[(key.1 as usize + key.2) % self.lanes.len()];
+                if lane.send((key.clone(), reply)).await.is_err() {
+                    return;
+                }
+                if answer.await.unwrap_or(false) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    struct FakeWork(Arc<Mutex<Log>>, Arc<FakeStore>);
 
     fn document() -> Document {
         let note = Note::from_text("d", "text".into());
@@ -497,9 +569,15 @@ mod tests {
     impl Work<FakeRecord> for FakeWork {
         fn spawn(&self, record: Arc<FakeRecord>) -> JoinHandle<Result<Document, Rejected>> {
             let log = Arc::clone(&self.0);
+            let store = Arc::clone(&self.1);
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(record.work_ms)).await;
-                log.lock().unwrap().finished.insert((record.partition.clone(), record.offset, record.part));
+                let key = (record.partition.clone(), record.offset, record.part);
+                if record.outcome == Outcome::Written {
+                    // Indexing: the document is done only when its group is applied.
+                    store.write(key.clone()).await;
+                }
+                log.lock().unwrap().finished.insert(key);
                 let reject = |code| Err(Rejected { error: DocError::new(code, Stage::Index, "fake"), doc_id: None });
                 match record.outcome {
                     Outcome::Written => Ok(document()),
@@ -513,8 +591,9 @@ mod tests {
     struct FakeOutputs {
         log: Arc<Mutex<Log>>,
         durable_after: Duration,
-        /// Every message's position and its number of parts, to check each commit against the state at that moment.
-        positions: Vec<(Partition, i64, usize)>,
+        /// Every message's position, its number of parts and whether it is written (indexed), to check each commit
+        /// against the state at that moment.
+        positions: Vec<(Partition, i64, usize, bool)>,
     }
 
     impl FakeOutputs {
@@ -543,7 +622,7 @@ mod tests {
             let handed = std::mem::take(&mut log.handed);
             log.durable.extend(handed);
             for (p, next) in &batch {
-                for (bp, bo, parts) in self.positions.iter().filter(|(rp, o, _)| rp == p && o < next) {
+                for (bp, bo, parts, written) in self.positions.iter().filter(|(rp, o, _, _)| rp == p && o < next) {
                     let below = (bp, bo);
                     let done = |part: usize| {
                         let key = (bp.clone(), *bo, part);
@@ -552,6 +631,10 @@ mod tests {
                     if !(0..*parts).all(done) {
                         let v = format!("commit {p:?}@{next} passed {below:?} (finished or durable: not yet)");
                         log.violations.push(v);
+                    }
+                    let stored = |part: usize| log.stored.contains(&(bp.clone(), *bo, part));
+                    if *written && !(0..*parts).all(stored) {
+                        log.violations.push(format!("commit {p:?}@{next} passed {below:?} (store write: not yet)"));
                     }
                 }
             }
@@ -637,8 +720,12 @@ mod tests {
                     }
                 }
             });
-            let work = FakeWork(Arc::clone(&log));
-            let positions = records.iter().zip(&parts_of).map(|((p, o, _), n)| (p.clone(), *o, *n)).collect();
+            let work = FakeWork(Arc::clone(&log), Arc::new(FakeStore::start(Arc::clone(&log))));
+            let positions = records
+                .iter()
+                .zip(&parts_of)
+                .map(|((p, o, outcome), n)| (p.clone(), *o, *n, *outcome == Outcome::Written))
+                .collect();
             let mut outputs = FakeOutputs { log: Arc::clone(&log), durable_after: Duration::from_millis(3), positions };
             let mut acks = Acks::new(ledger, None);
             let opts = RunnerOptions {
@@ -692,6 +779,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn grouped_store_writes_that_fail_and_finish_out_of_order_never_let_a_commit_pass_them() {
+        let events: Vec<_> = (0..48u64).map(|i| ((i % 3) as i32, i * 7 % 13, Outcome::Written, 1)).collect();
+        let (log, records, result) = run_case(events, 5, 12);
+        assert!(result.is_ok());
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert!(log.largest_group > 1, "writes were applied in groups");
+        assert!(log.failed_groups > 0, "some groups failed and their documents asked again");
+        assert_eq!(log.stored.len(), records.len(), "every document's write was applied once it was committed");
     }
 
     #[test]

@@ -264,6 +264,56 @@ fn a_missing_model_or_a_cuda_request_without_the_feature_fails_start_up_clearly(
     }
 }
 
+/// The benchmark-only embedder: refused unless asked for, deterministic unit vectors of the model's width that
+/// follow the tokens (shared tokens point alike), and named `synthetic` wherever the model's name goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_synthetic_embedder_is_refused_unless_asked_for_and_named_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.embed.execution_provider = "synthetic".into();
+    let refused = s.validate().unwrap_err().to_string();
+    assert!(refused.contains("embed.allow_synthetic"), "{refused}");
+    s.embed.allow_synthetic = true;
+    s.validate().unwrap();
+    let embedder = Embedder::start_async(&s.embed).await.unwrap();
+    assert_eq!(embedder.info().name, "synthetic");
+    assert_eq!(embedder.info().provider, "synthetic");
+    assert_eq!(embedder.info().dim, 384, "the model's width, from its config.json");
+    let texts = ["no pleural effusion", "no pleural effusion", "small pleural effusion", "fractured left femur"];
+    let v = embedder.embed(&texts).await.unwrap();
+    assert_eq!(v[0], v[1], "deterministic");
+    for x in &v {
+        let norm: f32 = x.iter().map(|a| a * a).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5);
+    }
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    assert!(dot(&v[0], &v[2]) > dot(&v[0], &v[3]), "inputs that share tokens point alike");
+    // The build info of a run says so, and so do the points.
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = clinstream::app::start_indexer(&s, &pipeline).await.unwrap().unwrap();
+    let info = clinstream::telemetry::metrics::metrics().build_info.with_label_values(&[
+        clinstream::WORKER_VERSION,
+        pipeline.lexicon().version(),
+        "synthetic",
+        "synthetic",
+    ]);
+    assert_eq!(info.get(), 1);
+    let doc = Arc::new(pipeline.process(&note("syn-1", "1", "current", "Patient/s1", CARDIAC)).unwrap());
+    assert!(indexer.index(&doc).await.unwrap() > 0);
+    let hits = indexer
+        .store()
+        .search(&Query {
+            dense: v[0].clone(),
+            sparse: Default::default(),
+            filters: Default::default(),
+            top: 1,
+            fields: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(hits[0].payload["model"], "synthetic");
+}
+
 fn note(id: &str, version: &str, status: &str, patient: &str, text: &str) -> Vec<u8> {
     use base64::Engine;
     serde_json::to_vec(&serde_json::json!({
@@ -1176,6 +1226,8 @@ async fn grouped_writes_keep_exactly_each_documents_last_points(s: Settings, exp
     if expect_groups {
         assert!(groups > 0 && grouped / groups as f64 > 1.0, "documents were written in groups: {grouped} in {groups}");
     }
+    // Durable for whoever opens the store next.
+    store.flush().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1187,8 +1239,97 @@ async fn server_store_grouped_writes_keep_exactly_each_documents_last_points() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedded_store_writes_keep_exactly_each_documents_last_points() {
+async fn embedded_store_grouped_writes_keep_exactly_each_documents_last_points() {
     let dir = tempfile::tempdir().unwrap();
     let Some(s) = settings(dir.path()) else { return };
-    grouped_writes_keep_exactly_each_documents_last_points(s, false).await;
+    grouped_writes_keep_exactly_each_documents_last_points(s, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_embedded_store_grouped_writes_keep_exactly_each_documents_last_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.store.shards = 3;
+    grouped_writes_keep_exactly_each_documents_last_points(s.clone(), true).await;
+    // The documents are spread over the three shards' directories.
+    for i in 0..3 {
+        assert!(Path::new(&s.store.path).join(format!("shard-{i}")).join("edge_config.json").exists(), "shard-{i}");
+    }
+    // A writer configured with another count is refused (documents are placed by it); a reader follows the store.
+    s.store.shards = 1;
+    let refused = Store::open(&s.store, 384).await.unwrap_err().to_string();
+    assert!(refused.contains("has 3 shard(s) but store.shards = 1"), "{refused}");
+    let reader = Store::open_existing(&s.store).await.unwrap();
+    assert_eq!(reader.count().await.unwrap(), 20 * 2 + 20 * 3 - 2 - 1 - 3);
+}
+
+/// A store of several shards answers as one: the same points in one shard and in three give the same dense
+/// ranking, the same counts and the same windows, and hybrid search finds the chunk that matches both ways first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_embedded_store_answers_as_one_shard_does() {
+    use clinstream::store::{Filters, Point, Record, Sparse, point_id, window_id};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let mut stores = Vec::new();
+    for shards in [1u32, 3] {
+        let mut st = s.store.clone();
+        st.shards = shards;
+        st.path = dir.path().join(format!("store-{shards}")).display().to_string();
+        stores.push(Store::open(&st, 8).await.unwrap());
+    }
+    let mut points = Vec::new();
+    for d in 0..30usize {
+        let doc_id = format!("doc-{d}");
+        let payload = |record: &str| {
+            serde_json::json!({"doc_id": doc_id, "doc_version": "1", "patient": format!("Patient/{}", d % 4),
+                               "record": record})
+            .as_object()
+            .unwrap()
+            .clone()
+        };
+        for c in 0..2usize {
+            // Distinct directions (no ties in the ranking).
+            let dense: Vec<f32> = (0..8).map(|k| (d as f32 * 1.3 + c as f32 * 0.7 + k as f32 * 2.1).sin()).collect();
+            let sparse = Sparse { indices: vec![d as u32, 100 + c as u32], values: vec![2.0 - c as f32, 0.5] };
+            points.push(Point { id: point_id(&doc_id, "1", c), dense, sparse, payload: payload("chunk") });
+        }
+        points.push(Point {
+            id: window_id(&doc_id, "1", 0),
+            dense: Vec::new(),
+            sparse: Sparse::default(),
+            payload: payload("window"),
+        });
+    }
+    for store in &stores {
+        store.upsert(points.clone()).await.unwrap();
+    }
+    // Chunk 0 of doc-7.
+    let probe = points[21].dense.clone();
+    let dense_only =
+        Query { dense: probe.clone(), sparse: Sparse::default(), filters: Filters::default(), top: 10, fields: None };
+    let ranked = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<_>>();
+    let one = ranked(stores[0].search(&dense_only).await.unwrap());
+    let three = ranked(stores[1].search(&dense_only).await.unwrap());
+    assert_eq!(one.len(), 10);
+    assert_eq!(one, three, "dense ranking across shards");
+    let patient = Filters { patient: Some("Patient/2".into()), ..Default::default() };
+    for store in &stores {
+        assert_eq!(store.count().await.unwrap(), 60);
+        assert_eq!(store.count_where(&patient, Record::Windows).await.unwrap(), 7);
+        assert_eq!(store.windows(&patient, 1000).await.unwrap().len(), 7);
+        assert_eq!(store.windows(&patient, 3).await.unwrap().len(), 3, "the limit holds across shards");
+        // Chunk 0 of doc-7 matches the dense probe exactly and weighs sparse term 7 most: first in both rankings.
+        let hybrid = Query {
+            dense: probe.clone(),
+            sparse: Sparse { indices: vec![7], values: vec![1.0] },
+            filters: Filters::default(),
+            top: 5,
+            fields: None,
+        };
+        let hits = store.search(&hybrid).await.unwrap();
+        assert_eq!(hits[0].id, point_id("doc-7", "1", 0).to_string());
+        let wanted = [point_id("doc-29", "1", 1).to_string(), point_id("doc-0", "1", 0).to_string()];
+        let got: Vec<String> = store.chunks(&wanted).await.unwrap().into_iter().map(|h| h.id).collect();
+        assert_eq!(got, wanted, "chunks by id, in the order asked, from any shard");
+    }
 }

@@ -279,10 +279,11 @@ fn the_helm_chart_renders_and_lints() {
         "CLINSTREAM__EMBED__MODEL_FILE: \"model.fp16.onnx\"",
         "CLINSTREAM__EMBED__BATCH_TOKENS: \"65536\"",
         "CLINSTREAM__PIPELINE__IN_FLIGHT: \"512\"",
+        "CLINSTREAM__STORE__SHARDS: \"16\"",
     ] {
         assert!(configmap.contains(expected), "GPU values lack {expected}: {configmap}");
     }
-    assert!(deployment.contains("cpu: \"4\""), "GPU pods take the GPU resources: {deployment}");
+    assert!(deployment.contains("cpu: \"8\""), "GPU pods take the GPU resources: {deployment}");
     // A key in `config` wins over the GPU settings, and appears once.
     let own =
         helm(serde_json::json!({"gpu": {"enabled": true}, "config": {"embed.model_file": "model.onnx"}})).unwrap();

@@ -882,6 +882,8 @@ pub struct StoreRun {
     pub chunks_per_doc: f64,
     /// `store.group_points` (0 = every document written alone).
     pub group_points: usize,
+    /// `store.shards` (embedded: shards in the process, each with its own writer; server: the collection's).
+    pub shards: u32,
     pub docs: usize,
     pub seconds: f64,
     pub docs_per_s: f64,
@@ -911,7 +913,8 @@ pub fn store(
     use std::sync::Arc;
 
     use crate::store::{Point, Sparse, Store, Writer, point_id, window_id};
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // The worker's own runtime (async threads, blocking pool), so the store is measured as the worker drives it.
+    let rt = super::runtime(settings)?;
     let dim = 384;
     let text = "x".repeat(800);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -999,10 +1002,6 @@ pub fn store(
     for run in 0..runs.max(1) {
         for (kind, base) in &kinds {
             for &group_points in groups {
-                // The embedded store writes each document alone whatever the setting (`store::Writer`).
-                if *kind == "embedded" && group_points != 0 && groups.contains(&0) {
-                    continue;
-                }
                 let dir = std::env::temp_dir()
                     .join(format!("clinstream-bench-store-{}-{run}-{group_points}", std::process::id()));
                 let mut s = base.clone();
@@ -1047,6 +1046,7 @@ pub fn store(
                     points_per_doc: all_points as f64 / docs as f64,
                     chunks_per_doc: chunk_points as f64 / docs as f64,
                     group_points,
+                    shards: base.shards,
                     docs,
                     seconds,
                     docs_per_s: docs as f64 / seconds,

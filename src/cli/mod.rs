@@ -357,9 +357,9 @@ enum BenchCommand {
         config: Option<PathBuf>,
     },
     /// Store writes as the indexer makes them (`store::Writer`), grouped (`store.group_points`) and one document at
-    /// a time side by side: documents/s on a fresh embedded store per setting (which writes each document alone),
-    /// and with `--url` on a Qdrant server (a new collection, dropped afterwards); prints JSON with each setting's
-    /// ratio to the ungrouped one.
+    /// a time side by side, on the worker's runtime: documents/s on a fresh embedded store per setting (with
+    /// `store.shards` shards), and with `--url` on a Qdrant server (a new collection, dropped afterwards); prints
+    /// JSON with each setting's ratio to the ungrouped one.
     Store {
         /// Real notes (MTSamples: column `transcription`): the worker's own payloads, windows and BM25 vectors with
         /// fixed chunks and placeholder dense vectors; without it, synthetic documents of `--chunks` + `--windows`.
@@ -879,8 +879,9 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
-fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
+/// The worker's async runtime: `pipeline.async_threads` async threads, a blocking pool (the CPU-bound stages) of
+/// one thread per `pipeline.workers` and one more.
+pub(crate) fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.async_threads())
         .max_blocking_threads(settings.worker_threads() + 1)
@@ -890,6 +891,7 @@ fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
 fn pipeline(config: Option<&std::path::Path>) -> anyhow::Result<(Settings, crate::stages::Pipeline)> {
     let settings = Settings::load(config).context("loading configuration")?;
     let pipeline = crate::stages::Pipeline::new(&settings)?;

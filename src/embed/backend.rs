@@ -1,5 +1,12 @@
 //! The ONNX Runtime side of the embedder: loading the library once per process, the session, and one batch run
 //! (padding, masks, pooling, L2 normalisation). Runs only on the model thread.
+//!
+//! Besides the model, one benchmark-only backend: `synthetic` (`embed.execution_provider = "synthetic"`, refused
+//! unless `embed.allow_synthetic = true`) answers every input with a deterministic unit vector of the model's
+//! dimension hashed from its token ids, at next to no cost, so that the capacity of everything around the model
+//! (tokenizing, SEOS, the store, the outputs) can be measured on any machine. Its vectors mean nothing: the
+//! embedder names itself `synthetic` (build info, the points' `model` field) so such a store is never mistaken for
+//! a real one.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -43,10 +50,53 @@ enum Pooling {
 }
 
 pub(crate) struct Backend {
-    session: Session,
-    token_types: bool,
-    pooling: Pooling,
+    kind: Kind,
     pub provider: &'static str,
+}
+
+enum Kind {
+    Onnx {
+        session: Session,
+        token_types: bool,
+        pooling: Pooling,
+    },
+    /// Benchmark-only vectors hashed from the token ids (module docs).
+    Synthetic {
+        dim: usize,
+    },
+}
+
+/// The provider name of the benchmark-only backend.
+pub(crate) const SYNTHETIC: &str = "synthetic";
+
+/// The model's width from its `config.json` (`hidden_size`), for the synthetic backend.
+fn model_dim(model: &Path) -> Result<usize, EmbedError> {
+    let config = model.parent().unwrap_or(Path::new(".")).join("config.json");
+    let text = std::fs::read_to_string(&config)
+        .map_err(|e| EmbedError::Load(format!("synthetic embedder: could not read {}: {e}", config.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| EmbedError::Load(format!("synthetic embedder: {} is not JSON: {e}", config.display())))?;
+    v.get("hidden_size")
+        .and_then(|d| d.as_u64())
+        .map(|d| d as usize)
+        .filter(|&d| d > 0)
+        .ok_or_else(|| EmbedError::Load(format!("synthetic embedder: {} has no hidden_size", config.display())))
+}
+
+/// A deterministic unit vector of width `dim` from token ids: every token adds ±1 at two hashed places, so inputs
+/// that share tokens point alike (SEOS still finds shifts) and the cost is a few operations per token.
+pub(crate) fn synthetic_vector(ids: &[u32], dim: usize) -> Vec<f32> {
+    let mut v = vec![0f32; dim];
+    for &t in ids {
+        let h = u64::from(t).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let sign = if h >> 63 == 0 { 1.0 } else { -1.0 };
+        v[(h >> 20) as usize % dim] += sign;
+        v[(h >> 40) as usize % dim] += 0.5;
+    }
+    if v.iter().all(|x| *x == 0.0) {
+        v[0] = 1.0;
+    }
+    normalise(v)
 }
 
 pub(crate) struct BackendOptions<'a> {
@@ -61,6 +111,9 @@ pub(crate) struct BackendOptions<'a> {
 
 impl Backend {
     pub fn load(o: &BackendOptions<'_>) -> Result<Backend, EmbedError> {
+        if o.provider == SYNTHETIC {
+            return Ok(Backend { kind: Kind::Synthetic { dim: model_dim(o.model)? }, provider: SYNTHETIC });
+        }
         let env = environment(o.library)?;
         let err = |what: &str| {
             let what = what.to_string();
@@ -129,12 +182,16 @@ impl Backend {
                 }
             }
         };
-        Ok(Backend { session, token_types, pooling, provider })
+        Ok(Backend { kind: Kind::Onnx { session, token_types, pooling }, provider })
     }
 
     /// Embeds one batch of token-id sequences (special tokens included): pads to the longest, masks the padding,
     /// pools and L2-normalises.
     pub fn run(&mut self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let (session, token_types, pooling) = match &mut self.kind {
+            Kind::Synthetic { dim } => return Ok(batch.iter().map(|ids| synthetic_vector(ids, *dim)).collect()),
+            Kind::Onnx { session, token_types, pooling } => (session, *token_types, &*pooling),
+        };
         let n = batch.len();
         let seq = batch.iter().map(|b| b.len()).max().unwrap_or(0).max(1);
         let mut ids = vec![0i64; n * seq];
@@ -150,11 +207,11 @@ impl Backend {
             Tensor::from_array((shape, v)).map_err(|e| EmbedError::Inference(format!("input tensor: {e}")))
         };
         let mut inputs = ort::inputs!["input_ids" => tensor(ids)?, "attention_mask" => tensor(mask.clone())?];
-        if self.token_types {
+        if token_types {
             inputs.push(("token_type_ids".into(), tensor(vec![0i64; n * seq])?.into()));
         }
-        let outputs = self.session.run(inputs).map_err(|e| EmbedError::Inference(format!("inference failed: {e}")))?;
-        let (name, mean) = match &self.pooling {
+        let outputs = session.run(inputs).map_err(|e| EmbedError::Inference(format!("inference failed: {e}")))?;
+        let (name, mean) = match pooling {
             Pooling::Output(name) => (name.as_str(), false),
             Pooling::Mean(name) => (name.as_str(), true),
         };

@@ -139,7 +139,10 @@ impl Embedder {
         let clock = Instant::now();
         let (model_path, tokenizer_path) = model_files(s);
         let dir = Path::new(&s.model_dir);
-        for p in [&model_path, &tokenizer_path] {
+        let synthetic = s.execution_provider == backend::SYNTHETIC;
+        // The synthetic backend runs no model: only the tokenizer (and config.json's width) is read.
+        let needed: &[&PathBuf] = if synthetic { &[&tokenizer_path] } else { &[&model_path, &tokenizer_path] };
+        for p in needed {
             if !p.is_file() {
                 return Err(EmbedError::Load(format!(
                     "{} does not exist (run `make model`, or set embed.model_dir / embed.model_file)",
@@ -173,11 +176,18 @@ impl Embedder {
         if dim == 0 {
             return Err(EmbedError::Load("the model returned an empty vector".to_string()));
         }
-        let name = dir
-            .canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| s.model_dir.clone());
+        let name = if synthetic {
+            tracing::warn!(
+                "Synthetic embedder (embed.execution_provider = synthetic): vectors hashed from token ids, no model. \
+                 For benchmarks only; the stored vectors mean nothing."
+            );
+            backend::SYNTHETIC.to_string()
+        } else {
+            dir.canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| s.model_dir.clone())
+        };
         let info = Arc::new(ModelInfo { name, dim, max_tokens, special_tokens, provider: model.provider });
         let (tx, rx) = mpsc::channel(s.queue);
         let batching = Batching::new(s, Duration::from_millis(s.linger_ms));
@@ -223,15 +233,15 @@ impl Embedder {
 
     /// Token ids with special tokens, truncated to the model's limit.
     pub fn encode(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>, EmbedError> {
-        texts
-            .iter()
-            .map(|t| {
-                self.tokenizer
-                    .encode(*t, true)
-                    .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| EmbedError::Inference(format!("tokenizer: {e}")))
-            })
-            .collect()
+        texts.iter().map(|t| self.encode_one(t)).collect()
+    }
+
+    /// One text's token ids with special tokens, truncated to the model's limit.
+    pub fn encode_one(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+        self.tokenizer
+            .encode(text, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| EmbedError::Inference(format!("tokenizer: {e}")))
     }
 
     /// Embeds already-encoded inputs (unit vectors, in input order).

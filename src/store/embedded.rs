@@ -1,11 +1,25 @@
-//! The embedded store: Qdrant's engine in-process (`qdrant-edge`), one shard in a directory (`store.path`).
-//! Its calls block, so each runs on the blocking pool. An update returns once it is in the shard's WAL and
-//! applied (the same guarantee as a server's `wait=true`); `flush` persists the segments (at shutdown).
+//! The embedded store: Qdrant's engine in-process (`qdrant-edge`), in a directory (`store.path`) of one or more
+//! shards (`store.shards`). An update returns once it is in the shard's WAL and applied (the same guarantee as a
+//! server's `wait=true`); `flush` persists the segments (at shutdown).
 //!
-//! The engine runs no optimizers of its own (a server does, in the background): every `store.maintain_every`
-//! points written or deleted, one background task flushes the segments (so closed WAL segments are released) and
-//! runs the optimizers — vacuum of replaced and deleted points, merges, the HNSW index — while updates go on.
-//! Without it a long run's memory grows with every rewrite, even of the same points (docs/benchmarks.md, memory).
+//! **Writes.** The engine applies a shard's updates one at a time (its WAL and segments under one lock), so each
+//! shard has a writer thread of its own (`clinstream-store-N`) that applies that shard's updates in the order
+//! asked, and the worker's CPU pool never waits on the lock. A document's points all live in one shard, chosen
+//! by its id (`shard_of`: a stable hash), so a version's upsert and the delete of its older points touch one
+//! shard, and several shards are written in parallel. With `store.shards = 1` the layout on disk is a single
+//! shard in `store.path` (as before shards existed); with more, `store.path/shard-N/` and a `shards.json` that
+//! says how many, which readers follow whatever they are configured with.
+//!
+//! **Reads** run on the blocking pool and ask every shard: counts add up, scrolls and retrievals concatenate, and
+//! a hybrid search ranks each vector across all shards (dense by cosine, sparse by BM25 score) before fusing the
+//! two rankings by RRF (`rrf`, k = 60, as the engine does within one shard), so a multi-shard store answers as one.
+//!
+//! The engine runs no optimizers of its own (a server does, in the background): after `store.maintain_every`
+//! points written or deleted in a shard, and at least half as many as the shard held at its last maintenance, one
+//! background task flushes the shard's segments (so closed WAL segments are released) and runs the optimizers —
+//! vacuum of replaced and deleted points, merges, the HNSW index — while updates go on. Without it a long run's
+//! memory grows with every rewrite, even of the same points (docs/benchmarks.md, memory); spaced by the shard's
+//! size, its total cost stays proportional to the points written.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,13 +39,89 @@ use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
 
 pub struct EmbeddedStore {
-    shard: Arc<EdgeShard>,
+    shards: Vec<Shard>,
     batch: usize,
     maintain_every: u64,
+}
+
+/// A task for a shard's writer thread.
+type Task = Box<dyn FnOnce(&EdgeShard) + Send>;
+
+/// One shard: the engine, its writer thread, and its maintenance state.
+struct Shard {
+    shard: Arc<EdgeShard>,
+    /// `None` only while dropping (the thread then ends and is joined).
+    tx: Option<std::sync::mpsc::Sender<Task>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     /// Points written or deleted since the last maintenance started.
     since_maintenance: AtomicU64,
+    /// Points the shard held when the last maintenance ended (its next one waits for half as many updates).
+    points_at_maintenance: Arc<AtomicU64>,
     /// True while a maintenance task runs (at most one at a time).
     maintaining: Arc<AtomicBool>,
+}
+
+impl Drop for Shard {
+    fn drop(&mut self) {
+        // The thread ends when its channel closes; joining it releases its handle on the engine, so the directory
+        // can be opened again as soon as the store is dropped.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The file that names a multi-shard store's shard count.
+const SHARDS_FILE: &str = "shards.json";
+
+/// The shard holding a document's points: FNV-1a of its id, stable across versions and processes.
+pub fn shard_of(doc_id: &str, shards: usize) -> usize {
+    if shards <= 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in doc_id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % shards as u64) as usize
+}
+
+/// The document a point belongs to (every point the indexer writes carries `doc_id`).
+fn doc_of(p: &Point) -> &str {
+    p.payload.get("doc_id").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Reciprocal rank fusion of rankings (best first), as Qdrant computes it: each list adds `1 / (k + position)`
+/// (position from 0) to a point's score; the fused list is sorted by that score, best first, ties by first
+/// appearance. Pure (tested below).
+pub fn rrf(rankings: Vec<Vec<Hit>>, k: usize) -> Vec<Hit> {
+    let mut fused: Vec<Hit> = Vec::new();
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for ranking in rankings {
+        for (pos, mut hit) in ranking.into_iter().enumerate() {
+            let score = 1.0 / (k + pos) as f32;
+            match at.get(&hit.id) {
+                Some(&i) => fused[i].score += score,
+                None => {
+                    at.insert(hit.id.clone(), fused.len());
+                    hit.score = score;
+                    fused.push(hit);
+                }
+            }
+        }
+    }
+    fused.sort_by(|a, b| b.score.total_cmp(&a.score));
+    fused
+}
+
+/// Hits of several shards merged by score, best first, at most `top`.
+fn merge_by_score(lists: Vec<Vec<Hit>>, top: usize) -> Vec<Hit> {
+    let mut all: Vec<Hit> = lists.into_iter().flatten().collect();
+    all.sort_by(|a, b| b.score.total_cmp(&a.score));
+    all.truncate(top);
+    all
 }
 
 /// All of a point's payload, or only these fields.
@@ -84,71 +174,159 @@ fn id_string(id: PointId) -> String {
     }
 }
 
-impl EmbeddedStore {
-    /// Opens (or, with a dimension, creates) the shard at `store.path`.
-    pub fn open(s: &StoreSettings, dim: Option<usize>) -> Result<EmbeddedStore, StoreError> {
-        let path = Path::new(&s.path);
-        let exists = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
-        let shard = if exists {
-            let shard = EdgeShard::load(path, None).map_err(fatal("could not open the store"))?;
-            let have = shard.config().vectors.get(DENSE).map(|v| v.size);
-            match (have, dim) {
-                (Some(have), Some(want)) if have != want => {
-                    return Err(StoreError::fatal(format!(
-                        "the store at {} holds {have}-dimensional vectors but the model gives {want} \
-                         (use another store.path, or re-index)",
-                        path.display()
-                    )));
-                }
-                (None, _) => {
-                    return Err(StoreError::fatal(format!(
-                        "the store at {} has no `{DENSE}` vector (not a clinstream store)",
-                        path.display()
-                    )));
-                }
-                _ => {}
-            }
-            shard
-        } else {
-            let Some(dim) = dim else {
+/// Opens (or, with a dimension, creates) one shard's directory.
+fn open_shard(path: &Path, s: &StoreSettings, dim: Option<usize>) -> Result<EdgeShard, StoreError> {
+    let exists = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
+    let shard = if exists {
+        let tuning = EdgeConfig::builder().hnsw_config(hnsw(s)).build();
+        let shard = EdgeShard::load(path, Some(tuning)).map_err(fatal("could not open the store"))?;
+        let have = shard.config().vectors.get(DENSE).map(|v| v.size);
+        match (have, dim) {
+            (Some(have), Some(want)) if have != want => {
                 return Err(StoreError::fatal(format!(
-                    "no store at {} (run `clinstream run` first, or set store.path)",
+                    "the store at {} holds {have}-dimensional vectors but the model gives {want} \
+                     (use another store.path, or re-index)",
                     path.display()
                 )));
-            };
-            std::fs::create_dir_all(path)
-                .map_err(|e| StoreError::fatal(format!("could not create {}: {e}", path.display())))?;
-            let memory = Memory::from_on_disk(s.on_disk);
-            let config = EdgeConfig::builder()
-                .vector(DENSE, EdgeVectorParams::builder(dim, Distance::Cosine).memory(memory).build())
-                .sparse_vector(SPARSE, EdgeSparseVectorParams::builder().modifier(Modifier::Idf).memory(memory).build())
-                .payload_memory(memory)
-                .build();
-            // Payload indexes before any data (below).
-            EdgeShard::new(path, config).map_err(fatal("could not create the store"))?
-        };
-        if dim.is_some() {
-            ensure_indexes(&shard)?;
+            }
+            (None, _) => {
+                return Err(StoreError::fatal(format!(
+                    "the store at {} has no `{DENSE}` vector (not a clinstream store)",
+                    path.display()
+                )));
+            }
+            _ => {}
         }
-        Ok(EmbeddedStore {
-            shard: Arc::new(shard),
-            batch: s.upsert_batch,
-            maintain_every: s.maintain_every,
+        shard
+    } else {
+        let Some(dim) = dim else {
+            return Err(StoreError::fatal(format!(
+                "no store at {} (run `clinstream run` first, or set store.path)",
+                path.display()
+            )));
+        };
+        std::fs::create_dir_all(path)
+            .map_err(|e| StoreError::fatal(format!("could not create {}: {e}", path.display())))?;
+        let memory = Memory::from_on_disk(s.on_disk);
+        let config = EdgeConfig::builder()
+            .vector(DENSE, EdgeVectorParams::builder(dim, Distance::Cosine).memory(memory).build())
+            .sparse_vector(SPARSE, EdgeSparseVectorParams::builder().modifier(Modifier::Idf).memory(memory).build())
+            .payload_memory(memory)
+            .hnsw_config(hnsw(s))
+            .build();
+        // Payload indexes before any data (below).
+        EdgeShard::new(path, config).map_err(fatal("could not create the store"))?
+    };
+    if dim.is_some() {
+        ensure_indexes(&shard)?;
+    }
+    Ok(shard)
+}
+
+/// The HNSW graphs' settings: `store.hnsw_m` (0: no graph, exact search) and `store.hnsw_ef_construct`, built with
+/// `store.maintain_threads` threads (the engine's own default takes every core, which starves the rest of the
+/// worker while a maintenance builds a large segment's graph).
+fn hnsw(s: &StoreSettings) -> qdrant_edge::HnswIndexConfig {
+    qdrant_edge::HnswIndexConfig {
+        m: s.hnsw_m as usize,
+        ef_construct: s.hnsw_ef_construct as usize,
+        max_indexing_threads: maintain_threads(s),
+        ..Default::default()
+    }
+}
+
+/// `store.maintain_threads`, resolved (0 = a quarter of the cores, at least 1).
+pub fn maintain_threads(s: &StoreSettings) -> usize {
+    match s.maintain_threads {
+        0 => (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / 4).max(1),
+        n => n,
+    }
+}
+
+/// How many shards the store at `path` has: `shards.json`'s count, 1 for a single-shard store, `None` when there is
+/// no store yet.
+fn shards_on_disk(path: &Path) -> Result<Option<usize>, StoreError> {
+    let file = path.join(SHARDS_FILE);
+    if file.exists() {
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| StoreError::fatal(format!("could not read {}: {e}", file.display())))?;
+        let n = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("shards").and_then(Value::as_u64))
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| StoreError::fatal(format!("{} does not name a shard count", file.display())))?;
+        return Ok(Some(n as usize));
+    }
+    let single = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
+    Ok(single.then_some(1))
+}
+
+impl Shard {
+    fn start(shard: EdgeShard, index: usize) -> Result<Shard, StoreError> {
+        let shard = Arc::new(shard);
+        let (tx, rx) = std::sync::mpsc::channel::<Task>();
+        let engine = shard.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("clinstream-store-{index}"))
+            .spawn(move || {
+                for task in rx {
+                    task(&engine);
+                }
+            })
+            .map_err(|e| StoreError::fatal(format!("could not start the store's writer thread: {e}")))?;
+        Ok(Shard {
+            shard,
+            tx: Some(tx),
+            thread: Some(thread),
             since_maintenance: AtomicU64::new(0),
+            points_at_maintenance: Arc::new(AtomicU64::new(0)),
             maintaining: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    /// Counts `n` points written or deleted; past `store.maintain_every`, starts a maintenance task unless one runs.
-    fn note_updates(&self, n: u64) {
-        if self.maintain_every == 0 || self.since_maintenance.fetch_add(n, Ordering::SeqCst) + n < self.maintain_every {
+    /// Runs an update on the shard's writer thread and waits for it.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let stopped = || StoreError::fatal("embedded store: the writer thread has stopped");
+        let task: Task = Box::new(move |shard| {
+            let _ = reply.send(f(shard));
+        });
+        self.tx.as_ref().ok_or_else(stopped)?.send(task).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Runs a read on the blocking pool.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let shard = self.shard.clone();
+        tokio::task::spawn_blocking(move || f(&shard))
+            .await
+            .map_err(|e| StoreError::fatal(format!("embedded store task failed: {e}")))?
+    }
+
+    /// Counts `n` points written or deleted; past `maintain_every` and half the points the shard held at its last
+    /// maintenance, starts a maintenance task unless one runs. A maintenance rewrites up to the whole shard (merges,
+    /// the HNSW index), so spacing them by the shard's size keeps their total cost proportional to the points
+    /// written; at a fixed interval it grew with the square of the store (a 4,966-note run spent most of its time
+    /// in maintenance: docs/benchmarks.md).
+    fn note_updates(&self, n: u64, maintain_every: u64) {
+        if maintain_every == 0 {
+            return;
+        }
+        let since = self.since_maintenance.fetch_add(n, Ordering::SeqCst) + n;
+        if since < maintain_every.max(self.points_at_maintenance.load(Ordering::SeqCst) / 2) {
             return;
         }
         if self.maintaining.swap(true, Ordering::SeqCst) {
             return;
         }
         self.since_maintenance.store(0, Ordering::SeqCst);
-        let (shard, running) = (self.shard.clone(), self.maintaining.clone());
+        let (shard, running, size) = (self.shard.clone(), self.maintaining.clone(), self.points_at_maintenance.clone());
         tokio::task::spawn_blocking(move || {
             let clock = Instant::now();
             match shard.flush().and_then(|()| shard.optimize()) {
@@ -159,111 +337,199 @@ impl EmbeddedStore {
                 ),
                 Err(e) => tracing::warn!(error = %e, "Embedded store maintenance failed; it is tried again later."),
             }
+            if let Ok(info) = shard.info() {
+                size.store(info.points_count as u64, Ordering::SeqCst);
+            }
             metrics().store_maintenance_duration.observe(clock.elapsed().as_secs_f64());
             running.store(false, Ordering::SeqCst);
         });
     }
+}
 
-    /// Waits for a running maintenance task (tests, and before a final flush).
+/// A point as the engine takes it.
+fn engine_point(p: Point) -> Result<qdrant_edge::PointStruct, StoreError> {
+    // A window point has no vectors.
+    let vectors = if p.dense.is_empty() {
+        Vectors::new_named(Vec::<(String, qdrant_edge::Vector)>::new())
+    } else {
+        let sparse =
+            qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values).map_err(fatal("sparse vector"))?;
+        Vectors::new_named([(DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)), (SPARSE.to_string(), sparse)])
+    };
+    Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)))
+}
+
+/// Upserts points into one shard in updates of at most `batch` points (on its writer thread).
+fn upsert_into(shard: &EdgeShard, points: Vec<qdrant_edge::PointStruct>, batch: usize) -> Result<(), StoreError> {
+    let mut points = points;
+    while !points.is_empty() {
+        let rest = points.split_off(batch.min(points.len()));
+        let n = points.len();
+        let clock = Instant::now();
+        shard
+            .update(UpdateOperation::PointOperation(PointOperations::UpsertPoints(PointInsertOperations::PointsList(
+                points.into_iter().map(|p| p.0).collect(),
+            ))))
+            .map_err(fatal("upsert failed"))?;
+        let m = metrics();
+        m.store_upsert_duration.with_label_values(&["embedded"]).observe(clock.elapsed().as_secs_f64());
+        m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
+        points = rest;
+    }
+    Ok(())
+}
+
+/// Removes the points a filter selects from one shard (on its writer thread).
+fn delete_where(shard: &EdgeShard, filter: Filter) -> Result<(), StoreError> {
+    shard
+        .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
+        .map_err(fatal("delete failed"))
+}
+
+fn parse_filter(v: Value) -> Result<Filter, StoreError> {
+    serde_json::from_value(v).map_err(|e| StoreError::fatal(format!("filter: {e}")))
+}
+
+impl EmbeddedStore {
+    /// Opens (or, with a dimension, creates) the store at `store.path`: `store.shards` shards for a new store; an
+    /// existing one keeps the count it was created with (a writer configured with another count is refused, since
+    /// documents are placed by it).
+    pub fn open(s: &StoreSettings, dim: Option<usize>) -> Result<EmbeddedStore, StoreError> {
+        let path = Path::new(&s.path);
+        let wanted = s.shards.max(1) as usize;
+        let n = match shards_on_disk(path)? {
+            Some(have) if dim.is_some() && have != wanted => {
+                return Err(StoreError::fatal(format!(
+                    "the store at {} has {have} shard(s) but store.shards = {wanted} (documents are placed by the \
+                     shard count: use the store's count, or another store.path and re-index)",
+                    path.display()
+                )));
+            }
+            Some(have) => have,
+            None if dim.is_none() => {
+                return Err(StoreError::fatal(format!(
+                    "no store at {} (run `clinstream run` first, or set store.path)",
+                    path.display()
+                )));
+            }
+            None => wanted,
+        };
+        let mut shards = Vec::with_capacity(n);
+        if n == 1 {
+            shards.push(Shard::start(open_shard(path, s, dim)?, 0)?);
+        } else {
+            for i in 0..n {
+                shards.push(Shard::start(open_shard(&path.join(format!("shard-{i}")), s, dim)?, i)?);
+            }
+            let file = path.join(SHARDS_FILE);
+            if !file.exists() {
+                std::fs::write(&file, serde_json::json!({ "shards": n }).to_string())
+                    .map_err(|e| StoreError::fatal(format!("could not write {}: {e}", file.display())))?;
+            }
+        }
+        Ok(EmbeddedStore { shards, batch: s.upsert_batch.max(1), maintain_every: s.maintain_every })
+    }
+
+    /// Shards in the store.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Waits for running maintenance tasks (tests, and before a final flush).
     pub async fn maintenance_idle(&self) {
-        while self.maintaining.load(Ordering::SeqCst) {
+        while self.shards.iter().any(|s| s.maintaining.load(Ordering::SeqCst)) {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&EdgeShard) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let shard = self.shard.clone();
-        tokio::task::spawn_blocking(move || f(&shard))
-            .await
-            .map_err(|e| StoreError::fatal(format!("embedded store task failed: {e}")))?
+    fn shard_for(&self, doc_id: &str) -> usize {
+        shard_of(doc_id, self.shards.len())
     }
 
+    /// Upserts points, each into its document's shard; the shards are written in parallel.
     pub async fn upsert(&self, points: Vec<Point>) -> Result<(), StoreError> {
+        let mut by_shard: Vec<Vec<Point>> = (0..self.shards.len()).map(|_| Vec::new()).collect();
+        for p in points {
+            let i = self.shard_for(doc_of(&p));
+            by_shard[i].push(p);
+        }
         let batch = self.batch;
-        let n = points.len() as u64;
-        let result = self
-            .blocking(move |shard| {
-                let mut points = points;
-                while !points.is_empty() {
-                    let rest = points.split_off(batch.min(points.len()));
-                    let n = points.len();
-                    let list = points
-                        .into_iter()
-                        .map(|p| {
-                            // A window point has no vectors.
-                            let vectors = if p.dense.is_empty() {
-                                Vectors::new_named(Vec::<(String, qdrant_edge::Vector)>::new())
-                            } else {
-                                let sparse = qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values)
-                                    .map_err(fatal("sparse vector"))?;
-                                Vectors::new_named([
-                                    (DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)),
-                                    (SPARSE.to_string(), sparse),
-                                ])
-                            };
-                            Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)).0)
-                        })
-                        .collect::<Result<Vec<_>, StoreError>>()?;
-                    let clock = Instant::now();
-                    shard
-                        .update(UpdateOperation::PointOperation(PointOperations::UpsertPoints(
-                            PointInsertOperations::PointsList(list),
-                        )))
-                        .map_err(fatal("upsert failed"))?;
-                    let m = metrics();
-                    m.store_upsert_duration.with_label_values(&["embedded"]).observe(clock.elapsed().as_secs_f64());
-                    m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
-                    points = rest;
+        let writes = by_shard.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(|(i, points)| async move {
+            let n = points.len() as u64;
+            let shard = &self.shards[i];
+            let points = points.into_iter().map(engine_point).collect::<Result<Vec<_>, _>>()?;
+            shard.write(move |engine| upsert_into(engine, points, batch)).await?;
+            shard.note_updates(n, self.maintain_every);
+            Ok::<(), StoreError>(())
+        });
+        futures_all(writes).await
+    }
+
+    /// A group of documents' writes in one shard (`store::Writer`'s lanes: one per shard): their points upserted,
+    /// then every other point of those documents removed, both on the shard's writer thread.
+    pub async fn write_group(
+        &self,
+        lane: usize,
+        points: Vec<Point>,
+        doc_ids: &[&str],
+        keep: &[uuid::Uuid],
+    ) -> Result<(), StoreError> {
+        let shard = &self.shards[lane.min(self.shards.len() - 1)];
+        let n = points.len() as u64 + 1;
+        let filter = parse_filter(super::except_filter(doc_ids, keep))?;
+        let docs = doc_ids.len() as u64;
+        let points = points.into_iter().map(engine_point).collect::<Result<Vec<_>, _>>()?;
+        let batch = self.batch;
+        shard
+            .write(move |engine| {
+                if !points.is_empty() {
+                    upsert_into(engine, points, batch)?;
                 }
+                delete_where(engine, filter)?;
+                metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(docs);
                 Ok(())
             })
-            .await;
-        if result.is_ok() {
-            self.note_updates(n);
-        }
-        result
+            .await?;
+        shard.note_updates(n, self.maintain_every);
+        Ok(())
     }
 
     pub async fn delete_document(&self, doc_id: &str, keep_version: Option<&str>) -> Result<(), StoreError> {
-        let filter: Filter = serde_json::from_value(super::document_filter(doc_id, keep_version))
-            .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
-        let result = self
-            .blocking(move |shard| {
-                shard
-                    .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
-                    .map_err(fatal("delete failed"))?;
+        let filter = parse_filter(super::document_filter(doc_id, keep_version))?;
+        let shard = &self.shards[self.shard_for(doc_id)];
+        shard
+            .write(move |engine| {
+                delete_where(engine, filter)?;
                 metrics().store_points.with_label_values(&["deleted_documents"]).inc();
                 Ok(())
             })
-            .await;
-        if result.is_ok() {
-            // The points a filter removes are not counted; a deletion counts as one update.
-            self.note_updates(1);
-        }
-        result
+            .await?;
+        // The points a filter removes are not counted; a deletion counts as one update.
+        shard.note_updates(1, self.maintain_every);
+        Ok(())
     }
 
-    /// Removes the points of several documents other than `keep` with one update.
+    /// Removes the points of several documents other than `keep`: one update per shard they live in.
     pub async fn delete_except(&self, doc_ids: &[&str], keep: &[uuid::Uuid]) -> Result<(), StoreError> {
-        let filter: Filter = serde_json::from_value(super::except_filter(doc_ids, keep))
-            .map_err(|e| StoreError::fatal(format!("filter: {e}")))?;
-        let n = doc_ids.len() as u64;
-        let result = self
-            .blocking(move |shard| {
-                shard
-                    .update(UpdateOperation::PointOperation(PointOperations::DeletePointsByFilter(filter)))
-                    .map_err(fatal("delete failed"))?;
-                metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(n);
-                Ok(())
-            })
-            .await;
-        if result.is_ok() {
-            self.note_updates(1);
+        let mut by_shard: Vec<Vec<&str>> = vec![Vec::new(); self.shards.len()];
+        for d in doc_ids {
+            by_shard[self.shard_for(d)].push(d);
         }
-        result
+        let deletes = by_shard.into_iter().enumerate().filter(|(_, d)| !d.is_empty()).map(|(i, docs)| async move {
+            let filter = parse_filter(super::except_filter(&docs, keep))?;
+            let n = docs.len() as u64;
+            let shard = &self.shards[i];
+            shard
+                .write(move |engine| {
+                    delete_where(engine, filter)?;
+                    metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(n);
+                    Ok(())
+                })
+                .await?;
+            shard.note_updates(1, self.maintain_every);
+            Ok::<(), StoreError>(())
+        });
+        futures_all(deletes).await
     }
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
@@ -280,49 +546,75 @@ impl EmbeddedStore {
             }),
             using: Some(SPARSE.into()),
         }));
-        let prefetch = |query: ScoringQuery| {
-            let mut p = qdrant_edge::PrefetchBuilder::new(candidates).query(query);
-            if let Some(f) = &filter {
-                p = p.filter(f.clone());
-            }
-            p.build()
+        let with_payload = payload_of(q.fields)?;
+        // One ranking by one scoring query, in every shard, merged by score.
+        let ranked = |query: ScoringQuery, limit: usize| {
+            let mut request = QueryRequest::new(limit);
+            request.query = Some(query);
+            request.filter = filter.clone();
+            request.with_payload = with_payload.clone();
+            request
         };
-        let mut request = QueryRequest::new(q.top);
         if q.sparse.indices.is_empty() {
             // Dense only: one ranking, no fusion.
-            request.query = Some(dense);
-            request.filter = filter;
-        } else {
+            return Ok(merge_by_score(self.query_all(ranked(dense, q.top)).await?, q.top));
+        }
+        if self.shards.len() == 1 {
+            let prefetch = |query: ScoringQuery| {
+                let mut p = qdrant_edge::PrefetchBuilder::new(candidates).query(query);
+                if let Some(f) = &filter {
+                    p = p.filter(f.clone());
+                }
+                p.build()
+            };
+            let mut request = QueryRequest::new(q.top);
             request.prefetches = vec![prefetch(dense), prefetch(sparse)];
             request.query = Some(ScoringQuery::Fusion(qdrant_edge::Fusion::Rrf { k: 60, weights: None }));
+            request.with_payload = with_payload;
+            return self.query_all(request).await.map(|mut l| l.pop().unwrap_or_default());
         }
-        request.with_payload = payload_of(q.fields)?;
-        self.blocking(move |shard| {
-            let found = shard.query(request).map_err(fatal("query failed"))?;
-            Ok(found
-                .into_iter()
-                .map(|p| Hit {
-                    id: id_string(p.id),
-                    score: p.score,
-                    payload: p.payload.map(|Payload(m)| m).unwrap_or_default(),
-                })
-                .collect())
-        })
-        .await
+        // Several shards: each vector's candidates ranked across all of them, then fused.
+        let dense_hits = merge_by_score(self.query_all(ranked(dense, candidates)).await?, candidates);
+        let sparse_hits = merge_by_score(self.query_all(ranked(sparse, candidates)).await?, candidates);
+        let mut fused = rrf(vec![dense_hits, sparse_hits], 60);
+        fused.truncate(q.top);
+        Ok(fused)
+    }
+
+    /// The same query in every shard.
+    async fn query_all(&self, request: QueryRequest) -> Result<Vec<Vec<Hit>>, StoreError> {
+        let reads = self.shards.iter().map(|shard| {
+            let request = request.clone();
+            shard.read(move |engine| {
+                let found = engine.query(request).map_err(fatal("query failed"))?;
+                Ok(found
+                    .into_iter()
+                    .map(|p| Hit {
+                        id: id_string(p.id),
+                        score: p.score,
+                        payload: p.payload.map(|Payload(m)| m).unwrap_or_default(),
+                    })
+                    .collect::<Vec<_>>())
+            })
+        });
+        futures_collect(reads).await
     }
 
     pub async fn count(&self, f: &Filters, record: Record) -> Result<usize, StoreError> {
         let filter = filter_of(f, record)?;
-        self.blocking(move |shard| {
-            let mut request = CountRequest::new();
-            request.filter = Some(filter);
-            request.exact = true;
-            shard.count(request).map_err(fatal("count failed"))
-        })
-        .await
+        let reads = self.shards.iter().map(|shard| {
+            let filter = filter.clone();
+            shard.read(move |engine| {
+                let mut request = CountRequest::new();
+                request.filter = Some(filter);
+                request.exact = true;
+                engine.count(request).map_err(fatal("count failed"))
+            })
+        });
+        Ok(futures_collect(reads).await?.into_iter().sum())
     }
 
-    /// Payloads of the points matching the filters, paged by id, at most `limit`.
+    /// Payloads of the points matching the filters, paged by id, at most `limit` (all shards together).
     pub async fn scroll(
         &self,
         f: &Filters,
@@ -332,56 +624,124 @@ impl EmbeddedStore {
     ) -> Result<Vec<serde_json::Map<String, Value>>, StoreError> {
         let filter = filter_of(f, record)?;
         let payload = payload_of(Some(fields))?;
-        self.blocking(move |shard| {
-            let mut out = Vec::new();
-            let mut offset: Option<PointId> = None;
-            loop {
-                let page = 256.min(limit.saturating_sub(out.len()));
-                if page == 0 {
-                    break;
+        let reads = self.shards.iter().map(|shard| {
+            let (filter, payload) = (filter.clone(), payload.clone());
+            shard.read(move |engine| {
+                let mut out = Vec::new();
+                let mut offset: Option<PointId> = None;
+                loop {
+                    let page = 256.min(limit.saturating_sub(out.len()));
+                    if page == 0 {
+                        break;
+                    }
+                    let mut request = qdrant_edge::ScrollRequestBuilder::new()
+                        .limit(page)
+                        .filter(filter.clone())
+                        .with_payload(payload.clone());
+                    if let Some(o) = offset {
+                        request = request.offset(o);
+                    }
+                    let (records, next) = engine.scroll(request.build()).map_err(fatal("scroll failed"))?;
+                    out.extend(records.into_iter().map(|r| r.payload.map(|Payload(m)| m).unwrap_or_default()));
+                    match next {
+                        Some(n) => offset = Some(n),
+                        None => break,
+                    }
                 }
-                let mut request = qdrant_edge::ScrollRequestBuilder::new()
-                    .limit(page)
-                    .filter(filter.clone())
-                    .with_payload(payload.clone());
-                if let Some(o) = offset {
-                    request = request.offset(o);
-                }
-                let (records, next) = shard.scroll(request.build()).map_err(fatal("scroll failed"))?;
-                out.extend(records.into_iter().map(|r| r.payload.map(|Payload(m)| m).unwrap_or_default()));
-                match next {
-                    Some(n) => offset = Some(n),
-                    None => break,
-                }
-            }
-            Ok(out)
-        })
-        .await
+                Ok(out)
+            })
+        });
+        let mut all: Vec<serde_json::Map<String, Value>> =
+            futures_collect(reads).await?.into_iter().flatten().collect();
+        all.truncate(limit);
+        Ok(all)
     }
 
     /// Points by id, in the order asked (missing ones left out).
     pub async fn retrieve(&self, ids: &[String]) -> Result<Vec<Hit>, StoreError> {
         let wanted: Vec<PointId> = ids.iter().filter_map(|i| i.parse::<uuid::Uuid>().ok()).map(PointId::Uuid).collect();
-        self.blocking(move |shard| {
-            let request = qdrant_edge::RetrieveRequestBuilder::new(wanted.clone())
-                .with_payload(WithPayloadInterface::Bool(true))
-                .build();
-            let mut found = shard.retrieve(request).map_err(fatal("retrieve failed"))?;
-            found.sort_by_key(|r| wanted.iter().position(|w| *w == r.id));
-            Ok(found
-                .into_iter()
-                .map(|r| Hit {
-                    id: id_string(r.id),
-                    score: 0.0,
-                    payload: r.payload.map(|Payload(m)| m).unwrap_or_default(),
-                })
-                .collect())
-        })
-        .await
+        let reads = self.shards.iter().map(|shard| {
+            let wanted = wanted.clone();
+            shard.read(move |engine| {
+                let request = qdrant_edge::RetrieveRequestBuilder::new(wanted)
+                    .with_payload(WithPayloadInterface::Bool(true))
+                    .build();
+                engine.retrieve(request).map_err(fatal("retrieve failed"))
+            })
+        });
+        let mut found: Vec<_> = futures_collect(reads).await?.into_iter().flatten().collect();
+        found.sort_by_key(|r| wanted.iter().position(|w| *w == r.id));
+        Ok(found
+            .into_iter()
+            .map(|r| Hit {
+                id: id_string(r.id),
+                score: 0.0,
+                payload: r.payload.map(|Payload(m)| m).unwrap_or_default(),
+            })
+            .collect())
     }
 
+    /// Persists every shard's segments. A maintenance still running is not waited for: what it rebuilds is already
+    /// durable in the segments it replaces, and it finishes (or, if the process ends first, is dropped as after a
+    /// crash) on its own. A file run's time thus ends when its points are durable, not when the index housekeeping
+    /// that follows is done (on a large store that is seconds; the process still lets it finish before exiting).
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.maintenance_idle().await;
-        self.blocking(|shard| shard.flush().map_err(fatal("flush failed"))).await
+        let flushes =
+            self.shards.iter().map(|shard| shard.read(|engine| engine.flush().map_err(fatal("flush failed"))));
+        futures_all(flushes).await
+    }
+}
+
+/// Awaits futures together; the first error wins (every future still runs to its end).
+async fn futures_collect<T>(
+    futures: impl IntoIterator<Item = impl std::future::Future<Output = Result<T, StoreError>>>,
+) -> Result<Vec<T>, StoreError> {
+    futures_util::future::join_all(futures).await.into_iter().collect()
+}
+
+async fn futures_all(
+    futures: impl IntoIterator<Item = impl std::future::Future<Output = Result<(), StoreError>>>,
+) -> Result<(), StoreError> {
+    futures_collect(futures).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(id: &str, score: f32) -> Hit {
+        Hit { id: id.into(), score, payload: Default::default() }
+    }
+
+    #[test]
+    fn documents_spread_over_shards_and_stay_put() {
+        assert_eq!(shard_of("anything", 1), 0);
+        let mut seen = [0usize; 4];
+        for i in 0..4000 {
+            let d = format!("DocumentReference/{i}");
+            let s = shard_of(&d, 4);
+            assert_eq!(s, shard_of(&d, 4));
+            seen[s] += 1;
+        }
+        // Each of four shards gets roughly a quarter.
+        assert!(seen.iter().all(|&n| (800..1200).contains(&n)), "{seen:?}");
+    }
+
+    #[test]
+    fn rrf_fuses_as_the_engine_does() {
+        // Qdrant: a point at position p (from 0) of a ranking adds 1 / (k + p).
+        let fused = rrf(vec![vec![hit("a", 0.9), hit("b", 0.8)], vec![hit("b", 7.0), hit("c", 3.0)]], 60);
+        let ids: Vec<&str> = fused.iter().map(|h| h.id.as_str()).collect();
+        assert_eq!(ids, ["b", "a", "c"]);
+        assert!((fused[0].score - (1.0 / 61.0 + 1.0 / 60.0)).abs() < 1e-7);
+        assert!((fused[1].score - 1.0 / 60.0).abs() < 1e-7);
+        assert!((fused[2].score - 1.0 / 61.0).abs() < 1e-7);
+    }
+
+    #[test]
+    fn shard_lists_merge_by_score() {
+        let merged = merge_by_score(vec![vec![hit("a", 0.5), hit("b", 0.1)], vec![hit("c", 0.7)]], 2);
+        let ids: Vec<&str> = merged.iter().map(|h| h.id.as_str()).collect();
+        assert_eq!(ids, ["c", "a"]);
     }
 }

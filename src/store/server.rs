@@ -114,6 +114,19 @@ fn filter_of(f: &Filters, record: Record) -> Filter {
     Filter { must, must_not, ..Default::default() }
 }
 
+/// A point in the client's form.
+fn client_point(p: Point) -> Result<PointStruct, StoreError> {
+    let payload = Payload::try_from(serde_json::Value::Object(p.payload))
+        .map_err(|e| StoreError::fatal(format!("payload: {e}")))?;
+    let mut vectors: HashMap<String, qdrant_client::qdrant::Vector> = HashMap::new();
+    // A window point has no vectors.
+    if !p.dense.is_empty() {
+        vectors.insert(DENSE.into(), p.dense.into());
+        vectors.insert(SPARSE.into(), qdrant_client::qdrant::Vector::new_sparse(p.sparse.indices, p.sparse.values));
+    }
+    Ok(PointStruct::new(p.id.to_string(), vectors, payload))
+}
+
 impl ServerStore {
     /// Connects. With a dimension (a writer): creates the collection with the configured settings (dense + sparse
     /// vectors, shards, replicas, HNSW, quantization; payload indexes before the first point) when it is missing,
@@ -257,26 +270,25 @@ impl ServerStore {
         Ok(())
     }
 
+    /// Upserts points in requests of `store.upsert_batch`, all of them at once. The points are converted to the
+    /// client's form on the blocking pool (payloads are most of a point, and converting them is CPU work the async
+    /// threads should not do).
     pub async fn upsert(&self, points: Vec<Point>) -> Result<(), StoreError> {
-        let mut points = points;
-        while !points.is_empty() {
-            let rest = points.split_off(self.batch.min(points.len()));
-            let n = points.len();
-            let mut batch = Vec::with_capacity(n);
-            for p in points {
-                let payload = Payload::try_from(serde_json::Value::Object(p.payload))
-                    .map_err(|e| StoreError::fatal(format!("payload: {e}")))?;
-                let mut vectors: HashMap<String, qdrant_client::qdrant::Vector> = HashMap::new();
-                // A window point has no vectors.
-                if !p.dense.is_empty() {
-                    vectors.insert(DENSE.into(), p.dense.into());
-                    vectors.insert(
-                        SPARSE.into(),
-                        qdrant_client::qdrant::Vector::new_sparse(p.sparse.indices, p.sparse.values),
-                    );
-                }
-                batch.push(PointStruct::new(p.id.to_string(), vectors, payload));
+        let batch = self.batch.max(1);
+        let batches = tokio::task::spawn_blocking(move || {
+            let mut points = points;
+            let mut out: Vec<Vec<PointStruct>> = Vec::new();
+            while !points.is_empty() {
+                let rest = points.split_off(batch.min(points.len()));
+                out.push(points.into_iter().map(client_point).collect::<Result<Vec<_>, _>>()?);
+                points = rest;
             }
+            Ok::<_, StoreError>(out)
+        })
+        .await
+        .map_err(|e| StoreError::fatal(format!("store task failed: {e}")))??;
+        let requests = batches.into_iter().map(|batch| async move {
+            let n = batch.len();
             let clock = Instant::now();
             self.client
                 .upsert_points(UpsertPointsBuilder::new(&self.collection, batch).wait(true))
@@ -285,9 +297,9 @@ impl ServerStore {
             let m = metrics();
             m.store_upsert_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
             m.store_points.with_label_values(&["upserted"]).inc_by(n as u64);
-            points = rest;
-        }
-        Ok(())
+            Ok::<(), StoreError>(())
+        });
+        futures_util::future::join_all(requests).await.into_iter().collect()
     }
 
     pub async fn delete_document(&self, doc_id: &str, keep_version: Option<&str>) -> Result<(), StoreError> {

@@ -1,22 +1,23 @@
-//! Group commit: the documents' writes to the store go through one writer task, which applies what is waiting as
-//! groups — every point of a group upserted (in requests of `store.upsert_batch`), then one delete of the older
-//! versions of all its documents — with up to `store.group_concurrency` groups at once, and answers each document
-//! when its group is applied.
+//! Group commit: the documents' writes to the store go through writer tasks ("lanes"), which apply what is
+//! waiting as groups — every point of a group upserted (in requests of `store.upsert_batch`), then one delete of
+//! the older versions of all its documents — and answer each document when its group is applied. A server store
+//! has one lane with up to `store.group_concurrency` groups at once; the embedded store one lane per shard
+//! (`store.shards`), each applying one group at a time on its shard's writer thread, a document always in the
+//! lane of its shard (`embedded::shard_of`).
 //!
 //! Why: a Qdrant shard applies updates one at a time (the embedded engine under its update lock, a server through
 //! its per-shard update queue with `wait=true`), and each update has a fixed cost besides its points. With one
-//! upsert and one delete per document the store was the serial step of the worker on a GPU (documents queued in
-//! the store stage; docs/benchmarks.md, "GPU"). The group grows with the queue: one document alone is written
-//! at once, as before; many waiting are written together.
+//! upsert and one delete per document the store was the serial step of the worker (documents queued in the store
+//! stage; docs/benchmarks.md). The group grows with the queue: one document alone is written at once; many
+//! waiting are written together.
 //!
 //! Per document the order is kept: its new points are applied before its other points are removed (a search
 //! always finds one version; the delete keeps exactly the points just written, so a rewrite of the same version
-//! with fewer chunks leaves none behind), and two writes of one document are never applied at once (a group ends before a
-//! document it already holds or that a running group holds, and nothing behind it starts until that group is
-//! done), so they apply in the order they were asked. `store.group_points = 0` writes every
-//! document alone (upsert, then delete), without the task; so does the embedded store whatever the setting: its
-//! engine applies concurrent single-document writes faster than groups (`bench store`, docs/benchmarks.md), where
-//! a server gains from fewer, larger requests.
+//! with fewer chunks leaves none behind), and two writes of one document are never applied at once (a group ends
+//! before a document it already holds or that a running group holds, and nothing behind it starts until that
+//! group is done), so they apply in the order they were asked. A write with no points removes the document
+//! (`entered-in-error`, a replaced document). `store.group_points = 0` writes every document alone (upsert, then
+//! delete), without the tasks.
 //!
 //! Failure: a group's error is every one of its documents' error; each document's own retry (`index::retry_store`)
 //! asks again, so a transient failure is ridden out as before.
@@ -33,12 +34,12 @@ use crate::telemetry::metrics::metrics;
 /// Jobs waiting for the writer task at most (the runner's in-flight budget bounds them long before).
 const QUEUE: usize = 4096;
 
-/// A handle to the store's writer (clonable; the task ends when the last handle goes).
+/// A handle to the store's writer (clonable; the tasks end when the last handle goes).
 #[derive(Clone)]
 pub struct Writer {
     store: Arc<Store>,
-    /// `None` when grouping is off (`store.group_points = 0`).
-    tx: Option<mpsc::Sender<Job>>,
+    /// One sender per lane; empty when grouping is off (`store.group_points = 0`).
+    lanes: Vec<mpsc::Sender<Job>>,
 }
 
 /// One document version's write: its points (every other point of the document goes).
@@ -51,19 +52,34 @@ pub struct Job {
 impl Writer {
     /// Starts the writer task on the current runtime (grouping up to `group_points` points; 0 = no grouping).
     /// `concurrency` groups are applied at once at most (at least one).
+    /// The embedded store gets one lane per shard, one group at a time each (its shard applies updates one at a
+    /// time anyway); a server one lane with `concurrency` groups.
     pub fn start(store: Arc<Store>, group_points: usize, concurrency: usize) -> Writer {
-        if group_points == 0 || matches!(*store, Store::Embedded(_)) {
-            return Writer { store, tx: None };
+        if group_points == 0 {
+            return Writer { store, lanes: Vec::new() };
         }
-        let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(run(store.clone(), rx, group_points, concurrency.max(1)));
-        Writer { store, tx: Some(tx) }
+        let (lanes, concurrency) = match &*store {
+            Store::Embedded(e) => (e.shard_count(), 1),
+            Store::Server(_) => (1, concurrency.max(1)),
+        };
+        let lanes = (0..lanes)
+            .map(|lane| {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(run(store.clone(), lane, rx, group_points, concurrency));
+                tx
+            })
+            .collect();
+        Writer { store, lanes }
     }
 
     /// Writes a document version's points and removes the document's other points (older versions); returns when
     /// both are applied.
     pub async fn write(&self, doc_id: &str, points: Vec<Point>) -> Result<(), StoreError> {
-        let Some(tx) = &self.tx else {
+        let lane = match &*self.store {
+            Store::Embedded(e) => super::embedded::shard_of(doc_id, e.shard_count()),
+            Store::Server(_) => 0,
+        };
+        let Some(tx) = self.lanes.get(lane) else {
             let keep: Vec<uuid::Uuid> = points.iter().map(|p| p.id).collect();
             if !points.is_empty() {
                 self.store.upsert(points).await?;
@@ -78,7 +94,7 @@ impl Writer {
     }
 }
 
-async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Job>, group_points: usize, concurrency: usize) {
+async fn run(store: Arc<Store>, lane: usize, mut rx: mpsc::Receiver<Job>, group_points: usize, concurrency: usize) {
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut running: JoinSet<Vec<Job>> = JoinSet::new();
     // Documents of the running groups.
@@ -98,7 +114,7 @@ async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Job>, group_points: usize
             let store = store.clone();
             running.spawn(async move {
                 let clock = std::time::Instant::now();
-                let result = apply(&store, &mut group).await;
+                let result = apply(&store, lane, &mut group).await;
                 let m = metrics();
                 m.store_write_duration.observe(clock.elapsed().as_secs_f64());
                 m.store_group_documents.observe(group.len() as f64);
@@ -157,13 +173,16 @@ pub fn next_group(queue: &mut VecDeque<Job>, group_points: usize, busy: &HashSet
 
 /// Upserts every point of the group, then removes its documents' other points (older versions, and chunks of
 /// the same version that the new plan no longer has).
-async fn apply(store: &Store, group: &mut [Job]) -> Result<(), StoreError> {
+async fn apply(store: &Store, lane: usize, group: &mut [Job]) -> Result<(), StoreError> {
     let points: Vec<Point> = group.iter_mut().flat_map(|j| std::mem::take(&mut j.points)).collect();
     let keep: Vec<uuid::Uuid> = points.iter().map(|p| p.id).collect();
+    let doc_ids: Vec<&str> = group.iter().map(|j| j.doc_id.as_str()).collect();
+    if let Store::Embedded(e) = store {
+        return e.write_group(lane, points, &doc_ids, &keep).await;
+    }
     if !points.is_empty() {
         store.upsert(points).await?;
     }
-    let doc_ids: Vec<&str> = group.iter().map(|j| j.doc_id.as_str()).collect();
     store.delete_except(&doc_ids, &keep).await
 }
 

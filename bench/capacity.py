@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The worker's capacity around the model: end to end with the synthetic embedder beside its two other bounds.
+
+    python3 bench/capacity.py BIN MTSAMPLES_CSV NOTES          (prints JSON, and a table on stderr)
+
+For each store (embedded; and a Qdrant server when QDRANT_URL names one) and each intake (file mode; Kafka mode
+through a local broker, `make tools`' noida-db or NOIDA_DB), side by side in one run on the same NOTES non-empty
+MTSamples notes:
+
+* end to end with `embed.execution_provider = "synthetic"` (`embed.allow_synthetic = true`): every stage of the
+  worker — decode, sections, sentences, entities, CLEAR, kg, tokenizing, SEOS, BM25, payloads, the store's writes,
+  the outputs — with vectors hashed from token ids instead of the model's (docs/configuration.md);
+* text stages only: the same run with `embed.enabled = false` (`run --no-embed`);
+* the store's write path alone: `clinstream bench store --csv` on the same notes (their own points, written through
+  the store writer as the worker writes them, `pipeline.in_flight` documents at once);
+
+each in notes/s, and the ratio of the first to the smaller of the other two (1.0: the worker runs at the pace of
+its slowest part; the goal is at least 0.8). File-mode notes/s are the run's own (`clinstream run`'s summary:
+from the first note to the store flushed, start-up excluded); Kafka-mode ones from every worker ready to the input
+offsets committed (bench/kafka_e2e.py). CAPACITY_ROUNDS (default 2) runs every measurement that many times,
+entries alternating, and keeps each one's best. CAPACITY_MODES (default "file kafka") and the worker's own
+environment (CLINSTREAM__STORE__SHARDS, CLINSTREAM__PIPELINE__IN_FLIGHT, ...) pass through. Standard library
+only."""
+import json, os, re, shutil, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kafka_e2e  # noqa: E402
+
+SYNTHETIC = {"CLINSTREAM__EMBED__EXECUTION_PROVIDER": "synthetic", "CLINSTREAM__EMBED__ALLOW_SYNTHETIC": "true"}
+TEXT_ONLY = {"CLINSTREAM__EMBED__ENABLED": "false"}
+
+
+def in_flight():
+    import tomllib
+    with open(os.path.join(os.path.dirname(__file__), "..", "config", "default.toml"), "rb") as f:
+        d = tomllib.load(f)
+    return int(os.environ.get("CLINSTREAM__PIPELINE__IN_FLIGHT", d["pipeline"]["in_flight"]))
+
+
+def file_run(bin_, events, work, env):
+    out = os.path.join(work, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    e = dict(os.environ, CLINSTREAM__STORE__PATH=os.path.join(out, "qdrant"), CLINSTREAM__LOG__LEVEL="warn",
+             CLINSTREAM__STORE__COLLECTION=f"capacity_{os.getpid()}_{len(os.listdir(work))}")
+    e.update(env)
+    p = subprocess.run([bin_, "run", "--no-progress", "--input", events, "--out", out], env=e,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode not in (0, 3):
+        sys.exit(f"clinstream run: exit {p.returncode}: {p.stderr[-2000:]}")
+    m = re.search(r"\(([\d.]+) notes/s", p.stdout)
+    if not m:
+        sys.exit(f"clinstream run printed no rate: {p.stdout[-1000:]}")
+    return float(m.group(1))
+
+
+def kafka_run(bin_, events, n, work, env):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        return kafka_e2e.run(bin_, events, n, 1, work)["notes_per_s"]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def store_run(bin_, csv_path, n, url):
+    e = dict(os.environ, CLINSTREAM__LOG__LEVEL="warn")
+    cmd = [bin_, "bench", "store", "--csv", csv_path, "--docs", str(n), "--concurrency", str(in_flight()),
+           "--groups", e.get("CLINSTREAM__STORE__GROUP_POINTS", "2048"), "--runs", "1"]
+    if url:
+        cmd += ["--url", url]
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench store: exit {p.returncode}: {p.stderr[-2000:]}")
+    return {r["store"]: r["docs_per_s"] for r in json.loads(p.stdout)}
+
+
+def main():
+    bin_, csv_path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    rounds = max(1, int(os.environ.get("CAPACITY_ROUNDS", "2")))
+    modes = os.environ.get("CAPACITY_MODES", "file kafka").split()
+    url = os.environ.get("QDRANT_URL", "")
+    # The worker's default chunking (bench/kafka_e2e.py alone defaults to fixed chunks).
+    os.environ.setdefault("CLINSTREAM__CHUNKING__STRATEGY", "seos")
+    stores = [("embedded", {"CLINSTREAM__STORE__KIND": "embedded"})]
+    if url:
+        stores.append(("qdrant", {"CLINSTREAM__STORE__KIND": "qdrant", "CLINSTREAM__STORE__URL": url}))
+    work = tempfile.mkdtemp(prefix="clinstream-capacity-")
+    try:
+        events = os.path.join(work, "events.ndjson")
+        with open(events, "w") as f:
+            for line in kafka_e2e.notes(csv_path, n):
+                f.write(line + "\n")
+        best = {}
+
+        def keep(key, value):
+            best[key] = max(best.get(key, 0.0), value)
+
+        for _ in range(rounds):
+            for mode in modes:
+                run = (lambda env: file_run(bin_, events, work, env)) if mode == "file" else \
+                    (lambda env: kafka_run(bin_, events, n, work, env))
+                keep((mode, "text"), run(TEXT_ONLY))
+                for store, senv in stores:
+                    keep((mode, store, "e2e"), run(dict(senv, **SYNTHETIC)))
+            for store, rate in store_run(bin_, csv_path, n, url).items():
+                keep(("store", store), rate)
+        rows = []
+        for mode in modes:
+            for store, _ in stores:
+                e2e, text, st = best[(mode, store, "e2e")], best[(mode, "text")], best[("store", store)]
+                rows.append({"intake": mode, "store": store, "e2e_synthetic_notes_per_s": round(e2e, 1),
+                             "text_only_notes_per_s": round(text, 1), "store_alone_notes_per_s": round(st, 1),
+                             "ratio_to_bound": round(e2e / min(text, st), 3),
+                             "bound": "text stages" if text < st else "store writes"})
+        result = {"notes": n, "rounds": rounds, "cores": os.cpu_count(), "in_flight": in_flight(),
+                  "shards": int(os.environ.get("CLINSTREAM__STORE__SHARDS", "1")),
+                  "command": f"python3 bench/capacity.py BIN mtsamples.csv {n}", "rows": rows}
+        print(json.dumps(result, indent=2))
+        print(f"capacity around the model ({n} notes, best of {rounds}; notes/s):", file=sys.stderr)
+        for r in rows:
+            print(f"  {r['intake']:<6}{r['store']:<9} e2e (synthetic) {r['e2e_synthetic_notes_per_s']:8.0f}   "
+                  f"text only {r['text_only_notes_per_s']:8.0f}   store alone {r['store_alone_notes_per_s']:8.0f}   "
+                  f"e2e / min = {r['ratio_to_bound']:.2f}", file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
