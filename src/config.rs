@@ -787,8 +787,8 @@ impl Settings {
         if !(st.bm25_avg_len.is_finite() && st.bm25_avg_len > 0.0) {
             problems.push("store.bm25_avg_len: must be a positive number".to_string());
         }
-        if st.shards == 0 {
-            problems.push("store.shards: must be at least 1".to_string());
+        if st.shards == 0 || (st.kind == "embedded" && st.shards > 64) {
+            problems.push("store.shards: must be at least 1 (and at most 64 for the embedded store)".to_string());
         }
         if st.replication_factor == 0 {
             problems.push("store.replication_factor: must be at least 1".to_string());
