@@ -229,6 +229,9 @@ pub struct StoreSettings {
     /// Embedded store: threads a maintenance may use to build a segment's HNSW graph; 0 = a quarter of the cores,
     /// at least one.
     pub maintain_threads: usize,
+    /// Embedded store: a segment whose vectors pass this many KB is rebuilt by maintenance with its HNSW graph and
+    /// compact payload indexes; 0 = never (exact search).
+    pub index_threshold_kb: usize,
     /// Server collections the worker creates: shards, replicas of each shard, and how many replicas confirm a
     /// write.
     pub shards: u32,

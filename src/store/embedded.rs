@@ -178,7 +178,7 @@ fn id_string(id: PointId) -> String {
 fn open_shard(path: &Path, s: &StoreSettings, dim: Option<usize>) -> Result<EdgeShard, StoreError> {
     let exists = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
     let shard = if exists {
-        let tuning = EdgeConfig::builder().hnsw_config(hnsw(s)).build();
+        let tuning = EdgeConfig::builder().hnsw_config(hnsw(s)).optimizers(optimizers(s)).build();
         let shard = EdgeShard::load(path, Some(tuning)).map_err(fatal("could not open the store"))?;
         let have = shard.config().vectors.get(DENSE).map(|v| v.size);
         match (have, dim) {
@@ -213,6 +213,7 @@ fn open_shard(path: &Path, s: &StoreSettings, dim: Option<usize>) -> Result<Edge
             .sparse_vector(SPARSE, EdgeSparseVectorParams::builder().modifier(Modifier::Idf).memory(memory).build())
             .payload_memory(memory)
             .hnsw_config(hnsw(s))
+            .optimizers(optimizers(s))
             .build();
         // Payload indexes before any data (below).
         EdgeShard::new(path, config).map_err(fatal("could not create the store"))?
@@ -233,6 +234,13 @@ fn hnsw(s: &StoreSettings) -> qdrant_edge::HnswIndexConfig {
         max_indexing_threads: maintain_threads(s),
         ..Default::default()
     }
+}
+
+/// The optimizers' settings: a segment is rebuilt with its HNSW graph and compact payload indexes once its vectors
+/// pass `store.index_threshold_kb` (0: never; until then it is searched exactly, as a query filtered to one patient
+/// is anyway).
+fn optimizers(s: &StoreSettings) -> qdrant_edge::EdgeOptimizersConfig {
+    qdrant_edge::EdgeOptimizersConfig { indexing_threshold: Some(s.index_threshold_kb), ..Default::default() }
 }
 
 /// `store.maintain_threads`, resolved (0 = a quarter of the cores, at least 1).
