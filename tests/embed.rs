@@ -25,6 +25,11 @@ fn settings(dir: &Path) -> Option<Settings> {
     common::model_settings(dir)
 }
 
+/// A dense-only query for the `top` chunks nearest `dense`, with every payload field.
+fn nearest(dense: Vec<f32>, top: usize) -> Query {
+    Query { dense, sparse: Default::default(), filters: Default::default(), top, fields: None }
+}
+
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * y).sum();
     let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
@@ -300,17 +305,7 @@ async fn the_synthetic_embedder_is_refused_unless_asked_for_and_named_everywhere
     assert_eq!(info.get(), 1);
     let doc = Arc::new(pipeline.process(&note("syn-1", "1", "current", "Patient/s1", CARDIAC)).unwrap());
     assert!(indexer.index(&doc).await.unwrap() > 0);
-    let hits = indexer
-        .store()
-        .search(&Query {
-            dense: v[0].clone(),
-            sparse: Default::default(),
-            filters: Default::default(),
-            top: 1,
-            fields: None,
-        })
-        .await
-        .unwrap();
+    let hits = indexer.store().search(&nearest(v[0].clone(), 1)).await.unwrap();
     assert_eq!(hits[0].payload["model"], "synthetic");
 }
 
@@ -720,16 +715,7 @@ async fn server_collections_get_the_configured_settings_and_a_foreign_shape_is_r
         })
         .collect();
     writer.upsert(points.clone()).await.unwrap();
-    let hits = reader
-        .search(&Query {
-            dense: points[5].dense.clone(),
-            sparse: Default::default(),
-            filters: Default::default(),
-            top: 1,
-            fields: None,
-        })
-        .await
-        .unwrap();
+    let hits = reader.search(&nearest(points[5].dense.clone(), 1)).await.unwrap();
     assert_eq!(hits.first().map(|h| h.payload["doc_id"].clone()), Some(Value::from("q8-5")), "{hits:?}");
 
     // Collections of another shape.
@@ -1305,8 +1291,7 @@ async fn a_sharded_embedded_store_answers_as_one_shard_does() {
     }
     // Chunk 0 of doc-7.
     let probe = points[21].dense.clone();
-    let dense_only =
-        Query { dense: probe.clone(), sparse: Sparse::default(), filters: Filters::default(), top: 10, fields: None };
+    let dense_only = nearest(probe.clone(), 10);
     let ranked = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<_>>();
     let one = ranked(stores[0].search(&dense_only).await.unwrap());
     let three = ranked(stores[1].search(&dense_only).await.unwrap());
