@@ -910,6 +910,16 @@ impl Settings {
     }
 }
 
+impl StoreSettings {
+    /// `maintain_threads`, resolved (0 = a quarter of the cores, at least 1).
+    pub fn maintain_threads(&self) -> usize {
+        match self.maintain_threads {
+            0 => (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / 4).max(1),
+            n => n,
+        }
+    }
+}
+
 /// librdkafka properties clinstream sets itself; the passthrough maps may not override them, because the
 /// delivery guarantees depend on them.
 pub const MANAGED_KAFKA_KEYS: &[&str] = &[

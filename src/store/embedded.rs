@@ -176,8 +176,7 @@ fn id_string(id: PointId) -> String {
 
 /// Opens (or, with a dimension, creates) one shard's directory.
 fn open_shard(path: &Path, s: &StoreSettings, dim: Option<usize>) -> Result<EdgeShard, StoreError> {
-    let exists = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
-    let shard = if exists {
+    let shard = if holds_shard(path) {
         let tuning = EdgeConfig::builder().hnsw_config(hnsw(s)).optimizers(optimizers(s)).build();
         let shard = EdgeShard::load(path, Some(tuning)).map_err(fatal("could not open the store"))?;
         let have = shard.config().vectors.get(DENSE).map(|v| v.size);
@@ -231,7 +230,7 @@ fn hnsw(s: &StoreSettings) -> qdrant_edge::HnswIndexConfig {
     qdrant_edge::HnswIndexConfig {
         m: s.hnsw_m as usize,
         ef_construct: s.hnsw_ef_construct as usize,
-        max_indexing_threads: maintain_threads(s),
+        max_indexing_threads: s.maintain_threads(),
         ..Default::default()
     }
 }
@@ -241,14 +240,6 @@ fn hnsw(s: &StoreSettings) -> qdrant_edge::HnswIndexConfig {
 /// is anyway).
 fn optimizers(s: &StoreSettings) -> qdrant_edge::EdgeOptimizersConfig {
     qdrant_edge::EdgeOptimizersConfig { indexing_threshold: Some(s.index_threshold_kb), ..Default::default() }
-}
-
-/// `store.maintain_threads`, resolved (0 = a quarter of the cores, at least 1).
-pub fn maintain_threads(s: &StoreSettings) -> usize {
-    match s.maintain_threads {
-        0 => (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / 4).max(1),
-        n => n,
-    }
 }
 
 /// How many shards the store at `path` has: `shards.json`'s count, 1 for a single-shard store, `None` when there is
@@ -265,8 +256,12 @@ fn shards_on_disk(path: &Path) -> Result<Option<usize>, StoreError> {
             .ok_or_else(|| StoreError::fatal(format!("{} does not name a shard count", file.display())))?;
         return Ok(Some(n as usize));
     }
-    let single = path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists();
-    Ok(single.then_some(1))
+    Ok(holds_shard(path).then_some(1))
+}
+
+/// Whether a directory holds a shard (its config, or at least its WAL).
+fn holds_shard(path: &Path) -> bool {
+    path.join("edge_config.json").exists() || path.join(qdrant_edge::WAL_PATH).exists()
 }
 
 impl Shard {
@@ -517,26 +512,18 @@ impl EmbeddedStore {
         Ok(())
     }
 
-    /// Removes the points of several documents other than `keep`: one update per shard they live in.
+    /// Removes the points of several documents other than `keep`: one update per shard they live in (a group
+    /// with no points to write).
     pub async fn delete_except(&self, doc_ids: &[&str], keep: &[uuid::Uuid]) -> Result<(), StoreError> {
         let mut by_shard: Vec<Vec<&str>> = vec![Vec::new(); self.shards.len()];
         for d in doc_ids {
             by_shard[self.shard_for(d)].push(d);
         }
-        let deletes = by_shard.into_iter().enumerate().filter(|(_, d)| !d.is_empty()).map(|(i, docs)| async move {
-            let filter = parse_filter(super::except_filter(&docs, keep))?;
-            let n = docs.len() as u64;
-            let shard = &self.shards[i];
-            shard
-                .write(move |engine| {
-                    delete_where(engine, filter)?;
-                    metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(n);
-                    Ok(())
-                })
-                .await?;
-            shard.note_updates(1, self.maintain_every);
-            Ok::<(), StoreError>(())
-        });
+        let deletes = by_shard
+            .into_iter()
+            .enumerate()
+            .filter(|(_, d)| !d.is_empty())
+            .map(|(i, docs)| async move { self.write_group(i, Vec::new(), &docs, keep).await });
         futures_all(deletes).await
     }
 
