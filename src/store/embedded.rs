@@ -344,6 +344,9 @@ impl Shard {
                 size.store(info.points_count as u64, Ordering::SeqCst);
             }
             metrics().store_maintenance_duration.observe(clock.elapsed().as_secs_f64());
+            // The engine is let go before the task reports itself done: a store dropped once maintenance is idle
+            // releases its directory at once.
+            drop(shard);
             running.store(false, Ordering::SeqCst);
         });
     }

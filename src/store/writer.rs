@@ -21,9 +21,13 @@
 //!
 //! Failure: a group's error is every one of its documents' error; each document's own retry (`index::retry_store`)
 //! asks again, so a transient failure is ridden out as before.
+//!
+//! Lifetime: the lanes hold the store weakly (a group holds it while it is applied), so the store closes — its
+//! shards' writer threads joined, the embedded engine's directory released — when the last handle to it goes,
+//! not whenever the lane tasks next run.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -65,7 +69,7 @@ impl Writer {
         let lanes = (0..lanes)
             .map(|lane| {
                 let (tx, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(run(store.clone(), lane, rx, group_points, concurrency));
+                tokio::spawn(run(Arc::downgrade(&store), lane, rx, group_points, concurrency));
                 tx
             })
             .collect();
@@ -94,7 +98,7 @@ impl Writer {
     }
 }
 
-async fn run(store: Arc<Store>, lane: usize, mut rx: mpsc::Receiver<Job>, group_points: usize, concurrency: usize) {
+async fn run(store: Weak<Store>, lane: usize, mut rx: mpsc::Receiver<Job>, group_points: usize, concurrency: usize) {
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut running: JoinSet<Vec<Job>> = JoinSet::new();
     // Documents of the running groups.
@@ -111,10 +115,13 @@ async fn run(store: Arc<Store>, lane: usize, mut rx: mpsc::Receiver<Job>, group_
         while running.len() < concurrency && queue.front().is_some_and(|j| !busy.contains(&j.doc_id)) {
             let mut group = next_group(&mut queue, group_points, &busy);
             busy.extend(group.iter().map(|j| j.doc_id.clone()));
-            let store = store.clone();
+            let store = store.upgrade();
             running.spawn(async move {
                 let clock = std::time::Instant::now();
-                let result = apply(&store, lane, &mut group).await;
+                let result = match store {
+                    Some(store) => apply(&store, lane, &mut group).await,
+                    None => Err(StoreError::fatal("the store is closed")),
+                };
                 let m = metrics();
                 m.store_write_duration.observe(clock.elapsed().as_secs_f64());
                 m.store_group_documents.observe(group.len() as f64);
