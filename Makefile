@@ -5,10 +5,11 @@ SHELL := /bin/bash
 # Build output lives outside the clone so repeated runs (and CI on the same machine) reuse it.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/clinstream/target
 # qdrant-edge (the embedded vector store) needs rustc >= 1.96; tools/toolchain.sh picks `+nightly` when the
-# default toolchain is older (the build machines: stable 1.95 + nightly 1.97).
+# default toolchain is older (e.g. stable 1.95 beside a 1.97 nightly).
 RUST_TOOLCHAIN ?= $(shell tools/toolchain.sh)
 CARGO ?= cargo $(RUST_TOOLCHAIN)
 BIN := $(CARGO_TARGET_DIR)/release/clinstream
+LAB := $(CARGO_TARGET_DIR)/release/clinstream-lab
 FUZZ_SECONDS ?= 60
 
 SHARED ?= ../shared
@@ -18,7 +19,7 @@ NOIDA_VERSION := 0.2.3
 FHIRSNAKE_VERSION := 1.1.0
 PYYAML_VERSION := 6.0.2
 
-.PHONY: help build run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
+.PHONY: help build lab run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
@@ -36,8 +37,13 @@ help:
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
 	@echo "make chaos  full-size fault runs (kill storms with indexing, a minute without Qdrant, a minute without the broker); prints FIGURES lines"
 
+# The worker (what the image ships).
 build:
-	$(CARGO) build --release --locked
+	$(CARGO) build --release --locked --bin clinstream
+
+# The measuring tools (`clinstream-lab bench|eval|vocab`), used by `make bench` and `make eval`; not in the image.
+lab:
+	$(CARGO) build --release --locked --bin clinstream-lab
 
 # The runtime image from this machine's release build and `make model` (podman + a local Debian base; no registry).
 image: model build
@@ -57,7 +63,7 @@ model:
 
 # Real components for the tests: Debian's openssl (the TLS store test makes its CA) and prometheus (promtool +
 # server), PyPI helm-python-sdk (the Helm library) in .tools/helm, and PyPI noida-db (a Kafka-protocol broker
-# binary) in .tools/noida, PyPI fhirsnake (a FHIR server serving resources from files) in .tools/fhir. Skipped when already present; needs root for apt-get (the build machines run as root;
+# binary) in .tools/noida, PyPI fhirsnake (a FHIR server serving resources from files) in .tools/fhir. Skipped when already present; needs root for apt-get (CI machines usually run as root;
 # elsewhere install openssl and prometheus yourself — the prometheus tests say SKIPPED when it is missing).
 # `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests at another cluster with
 # CLINSTREAM_TEST_KAFKA=host:port.
@@ -99,7 +105,7 @@ chaos: tools model
 	  --ignored --nocapture --test-threads=1 2>&1 | tee $(CARGO_TARGET_DIR)/chaos.log
 	@grep '^FIGURES' $(CARGO_TARGET_DIR)/chaos.log
 
-# cargo-fuzz needs a nightly compiler; the build machines have one preinstalled (`cargo +nightly`).
+# cargo-fuzz needs a nightly compiler; install one with rustup (`cargo +nightly`).
 fuzz:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked --version 0.13.2
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pipeline -- -max_total_time=$(FUZZ_SECONDS)
@@ -107,7 +113,7 @@ fuzz:
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run pdf -- -max_total_time=$(FUZZ_SECONDS)
 	cd fuzz && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/fuzz cargo +nightly fuzz run matcher -- -max_total_time=$(FUZZ_SECONDS)
 
-# Fuzzing at depth (issue 16): FUZZ_RUNS executions per target (default 10 million) from the corpus kept in
+# Fuzzing at depth: FUZZ_RUNS executions per target (default 10 million) from the corpus kept in
 # fuzz/corpus/, then the corpus minimised in place (cargo fuzz cmin). Hours on 2 cores; figures in docs/reliability.md.
 FUZZ_RUNS ?= 10000000
 fuzz-depth:
@@ -119,11 +125,11 @@ fuzz-depth:
 	done
 
 # Quality on the labelled development sets (paths outside the repository).
-eval: build
-	$(BIN) eval openi --reports $(SHARED)/eval/openi/indiana_reports_dev.csv --labels $(SHARED)/eval/openi/labels_dev.csv
-	$(BIN) eval negex --pairs $(SHARED)/eval/negex/context_dev_reports_1-60.tsv
-	$(BIN) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
-	$(BIN) eval qa --documents $(SHARED)/eval/qa/documents.ndjson --questions $(SHARED)/eval/qa/questions.jsonl \
+eval: lab
+	$(LAB) eval openi --reports $(SHARED)/eval/openi/indiana_reports_dev.csv --labels $(SHARED)/eval/openi/labels_dev.csv
+	$(LAB) eval negex --pairs $(SHARED)/eval/negex/context_dev_reports_1-60.tsv
+	$(LAB) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
+	$(LAB) eval qa --documents $(SHARED)/eval/qa/documents.ndjson --questions $(SHARED)/eval/qa/questions.jsonl \
 	  --budget 1024 --cache-dir $(CARGO_TARGET_DIR)/qa-cache
 
 # All benchmarks on the MTSamples notes in SHARED (docs/benchmarks.md; about 30 minutes on 2 cores): text stages
@@ -141,7 +147,7 @@ bench-e2e: model tools build
 # The worker's capacity around the model (step 9 of `make bench` alone): end to end with the synthetic embedder
 # beside text stages only and the store's writes alone, file and Kafka mode, embedded store and a Qdrant server.
 CAPACITY_NOTES ?= 4966
-bench-capacity: model tools build
+bench-capacity: model tools build lab
 	gzip -dc $(SHARED)/corpora/mtsamples/mtsamples.csv.gz > $(CARGO_TARGET_DIR)/mtsamples.csv
 	@qdir=$$(mktemp -d); http=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'); \
 	grpc=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'); \
@@ -153,8 +159,8 @@ bench-capacity: model tools build
 	kill $$qpid; rm -rf $$qdir; exit $$rc
 
 # Retrieval on the qa set for exact SEOS, composed and composed with the int8 model (step 8 of `make bench` alone).
-bench-retrieval: model build
-	python3 bench/qa_retrieval.py $(BIN) $(SHARED)/eval/qa $(CARGO_TARGET_DIR)/qa-cache
+bench-retrieval: model lab
+	python3 bench/qa_retrieval.py $(LAB) $(SHARED)/eval/qa $(CARGO_TARGET_DIR)/qa-cache
 
 # RSS sampled every 5 s over a sustained run, text-only then with SEOS indexing (RSS_SECONDS each, default 300).
 RSS_SECONDS ?= 300

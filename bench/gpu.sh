@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/benchmarks.md ("GPU"), on a machine with an NVIDIA GPU, the CUDA 13 libraries and
+# The GPU measurements of docs/benchmarks.md ("One GPU worker"), on a machine with an NVIDIA GPU, the CUDA 13 libraries and
 # cuDNN 9 (here: from the NVIDIA Python wheels, e.g. nvidia-cublas, nvidia-cudnn-cu13), and python3 with numpy + onnx.
 #
 #   bench/gpu.sh DIR [OUT]
 #
-# DIR holds: clinstream (a release binary built with `--features cuda`), ort/ (libonnxruntime.so.1.31.1,
+# DIR holds: clinstream and clinstream-lab (release binaries built with `--features cuda`), ort/ (libonnxruntime.so.1.31.1,
 # libonnxruntime_providers_shared.so and libonnxruntime_providers_cuda.so from PyPI onnxruntime-gpu==1.31.1),
 # model/ (all-MiniLM-L6-v2 as `make model` writes it: model.onnx, model.fp16.onnx, tokenizer.json, config.json,
 # sentence_bert_config.json), noida-db (the test broker; `make tools`), mtsamples.csv, and for E2E_STORE=server a
@@ -34,6 +34,7 @@ export CLINSTREAM__EMBED__MODEL_DIR=$G/model
 export CLINSTREAM__EMBED__EXECUTION_PROVIDER=${PROVIDER:-cuda}
 export CLINSTREAM__LOG__LEVEL=warn
 BIN=$G/clinstream
+LAB=$G/clinstream-lab
 CSV=$G/mtsamples.csv
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -70,7 +71,7 @@ check)
   # Vectors of CUDA fp32 and CUDA fp16 against fp32 on the CPU provider; worker against the bare loop.
   for file in ${CHECK_FILES:-model.onnx model.fp16.onnx}; do
     mark "check $file"
-    CLINSTREAM__EMBED__MODEL_FILE=$file "$BIN" bench embed --csv "$CSV" --limit "${CHECK_LIMIT:-300}" --runs 3 \
+    CLINSTREAM__EMBED__MODEL_FILE=$file "$LAB" bench embed --csv "$CSV" --limit "${CHECK_LIMIT:-300}" --runs 3 \
       --check-cpu "${CHECK_VECTORS:-3000}" | python3 -c 'import json,sys; d=json.load(sys.stdin); d["model_file"]=sys.argv[1]; print(json.dumps(d))' "$file" \
       | tee -a "$OUT/results.jsonl"
   done
@@ -79,7 +80,7 @@ sweep)
   # Tokens/s across token budgets and batch sizes, both precisions (the worker and the bare loop each time).
   for file in model.onnx model.fp16.onnx; do
     mark "sweep $file"
-    CLINSTREAM__EMBED__MODEL_FILE=$file "$BIN" bench embed --csv "$CSV" --limit "${SWEEP_LIMIT:-300}" --runs 2 \
+    CLINSTREAM__EMBED__MODEL_FILE=$file "$LAB" bench embed --csv "$CSV" --limit "${SWEEP_LIMIT:-300}" --runs 2 \
       --batch-tokens "${SWEEP_TOKENS:-4096,16384,65536}" --max-batch "${SWEEP_BATCH:-64,256,1024}" \
       | python3 -c 'import json,sys
 for l in sys.stdin: d=json.loads(l); d["model_file"]=sys.argv[1]; print(json.dumps(d), flush=True)' "$file" \
@@ -91,7 +92,7 @@ store)
   # placeholder vectors) through the store writer, ungrouped and grouped (store.group_points), as many at once as
   # the worker's in-flight budget; embedded, and the server when started.
   mark store
-  "$BIN" bench store --csv "$CSV" --docs "${STORE_DOCS:-4966}" \
+  "$LAB" bench store --csv "$CSV" --docs "${STORE_DOCS:-4966}" \
     --concurrency "${CLINSTREAM__PIPELINE__IN_FLIGHT:-512}" --groups "${STORE_GROUPS:-0,2048}" --runs 1 ${QURL:+--url $QURL} \
     | python3 -c 'import json,sys,os
 for r in json.load(sys.stdin): r["step"]="store"; r["shards"]=os.environ.get("CLINSTREAM__STORE__SHARDS","1"); print(json.dumps(r))' \
@@ -129,9 +130,9 @@ with open(sys.argv[3], "w") as f:
         for line in kafka_e2e.notes(sys.argv[1], int(sys.argv[2])):
             d = json.loads(line); d["id"] += "-" + str(r); f.write(json.dumps(d) + "\n")' "$CSV" "$N" "$OUT/notes.ndjson" "${WORKER_REPEAT:-1}"
   mark "worker bound"
-  "$BIN" bench seos --csv "$CSV" --limit "$N" --modes composed --bound-only > "$OUT/bound.json"
+  "$LAB" bench seos --csv "$CSV" --limit "$N" --modes composed --bound-only > "$OUT/bound.json"
   mark "worker store"
-  "$BIN" bench store --csv "$CSV" --docs "$N" --concurrency "$CLINSTREAM__PIPELINE__IN_FLIGHT" --groups 2048 --runs 1 \
+  "$LAB" bench store --csv "$CSV" --docs "$N" --concurrency "$CLINSTREAM__PIPELINE__IN_FLIGHT" --groups 2048 --runs 1 \
     ${QURL:+--url $QURL} > "$OUT/store-alone.json"
   for entry in "clinstream=$BIN" ${WORKER_BINS:-}; do
     name=${entry%%=*}; bin=${entry#*=}; settings=

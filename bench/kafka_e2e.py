@@ -111,7 +111,7 @@ def chunking(env):
         c = tomllib.load(f)["chunking"]
     strategy = env.get("CLINSTREAM__CHUNKING__STRATEGY", c["strategy"])
     vectors = env.get("CLINSTREAM__CHUNKING__SEOS_VECTORS", c["seos_vectors"])
-    # The embedding-bound mode of `clinstream bench seos` that has the same model inputs.
+    # The embedding-bound mode of `clinstream-lab bench seos` that has the same model inputs.
     return {"strategy": strategy, "seos_vectors": vectors, "bound_mode": "fixed" if strategy == "fixed" else vectors}
 
 

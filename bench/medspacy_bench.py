@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""medSpaCy on the same notes as `clinstream bench text`, single-threaded, for a side-by-side comparison.
+"""medSpaCy on the same notes as `clinstream-lab bench text`, single-threaded, for a side-by-side comparison.
 
 Configured with spaCy's blank English pipeline (no downloaded model), medSpaCy's sectionizer, a TargetMatcher
-holding the same target terms the worker uses for its CLEAR variables (exported by `clinstream bench text
+holding the same target terms the worker uses for its CLEAR variables (exported by `clinstream-lab bench text
 --targets-out`), and ConText. Run twice: sentences by PyRuSH (medSpaCy's default clinical splitter) and by spaCy's
 plain sentencizer. PyRuSH's DEBUG logging (loguru) is switched off so medSpaCy is measured at its best.
 

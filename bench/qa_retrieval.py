@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Retrieval on the qa development set for the SEOS vector modes and the int8 model (issue 17, parts 2 and 3).
+"""Retrieval on the qa development set for the SEOS vector modes and the int8 model.
 
 Usage: bench/qa_retrieval.py BIN QA_DIR CACHE_DIR [NAME=SEOS_VECTORS[:MODEL_FILE] ...]
 
-Each entry runs `clinstream eval qa --documents QA_DIR/documents.ndjson --questions QA_DIR/questions.jsonl
+Each entry runs `clinstream-lab eval qa --documents QA_DIR/documents.ndjson --questions QA_DIR/questions.jsonl
 --budget 1024 --strategy clear,dense,hybrid --chunks index --json` with `chunking.seos_vectors` set to the entry's
 mode (and `embed.model_file` when given): dense and hybrid search over the indexer's own chunks and vectors, CLEAR
 as the service answers. The first entry is the reference (default entries: exact = groups, composed, composed with
 model.int8.onnx). Prints JSON: per entry and strategy, evidence recall and answer accuracy, and each entry's
 difference from the reference in points (100 x the difference of the fractions); a model variant also against the
 same mode with the fp32 model. `within_1_point`: evidence recall of every strategy within 1 point of what the entry
-is a cheaper option of (the figure issue 17 holds a cheaper method to).
+is a cheaper option of (a cheaper method must stay within 1 point).
 """
 
 import json

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # make bench: every benchmark of docs/benchmarks.md in one run on one machine, same MTSamples notes:
-#   1. text stages (clinstream bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
+#   1. text stages (clinstream-lab bench text) beside medSpaCy (PyRuSH and sentencizer), CLEAR budget by note length;
 #      after the medSpaCy step, TEXT_ROUNDS-1 more rounds (default 5 in all), each a clinstream pass, medSpaCy's
 #      sentencizer configuration and another clinstream pass back to back;
 #   1b. start-up (`explain` on one sentence; BASE_BIN beside when given) and how cost grows with note length
-#      (clinstream bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
+#      (clinstream-lab bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
 #      fp32 model and beside it the int8 model (model.int8.onnx, with its cosine to fp32 on the same inputs);
 #   2b. SEOS vector modes (groups = exact, sentences, composed) and fixed-size chunks on SEOS_NOTES notes (default
@@ -21,7 +21,7 @@
 #      (QUANT_NOTES stored notes, default 300; 0 skips);
 #   6. the query service over HTTP: /v1/context and /v1/search p50/p99 and requests/s at 1 and 8 clients, embedded
 #      store and the Qdrant server, over SHARED/eval/qa (1,488 notes, 600 questions; SERVE_REQUESTS, 0 skips);
-#   7. the store's writes without the model (clinstream bench store --csv: the notes' own points through the store
+#   7. the store's writes without the model (clinstream-lab bench store --csv: the notes' own points through the store
 #      writer, 512 at once): each document alone beside group commit, embedded store and the Qdrant server
 #      (STORE_DOCS notes, default 4,000; 0 skips);
 #   9. capacity around the model (bench/capacity.py, CAPACITY_NOTES notes, default 4,966; 0 skips): end to end with
@@ -42,6 +42,7 @@ WORK=$CARGO_TARGET_DIR/bench
 mkdir -p "$WORK" bench/results
 cargo $(tools/toolchain.sh) build --release --locked -q
 BIN=$CARGO_TARGET_DIR/release/clinstream
+LAB=$CARGO_TARGET_DIR/release/clinstream-lab
 
 if [ ! -x .tools/bench-venv/bin/python ] || ! .tools/bench-venv/bin/python -c "import medspacy" 2>/dev/null; then
   python3 -m venv .tools/bench-venv
@@ -52,26 +53,26 @@ gzip -dc "$SHARED/corpora/mtsamples/mtsamples.csv.gz" > "$WORK/mtsamples.csv"
 # The summary reads rounds while their files exist: never let an earlier run's rounds in.
 rm -f "$WORK"/clinstream-round*.json "$WORK"/medspacy-round*.json
 echo "clinstream text stages..." >&2
-"$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
+"$LAB" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} --targets-out "$WORK/targets.json" > "$WORK/clinstream.json"
 echo '{}' > "$WORK/clinstream-base.json"
 if [ -n "${BASE_BIN:-}" ]; then
   echo "text stages of BASE_BIN ($BASE_BIN), same notes..." >&2
-  "$BASE_BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-base.json"
+  "${BASE_LAB:-$BASE_BIN}" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-base.json"
 fi
 echo "start-up (20 runs, entries alternating)..." >&2
 python3 bench/startup.py 20 "new=$BIN" ${BASE_BIN:+"base=$BASE_BIN"} > "$WORK/startup.json"
 echo '{}' > "$WORK/growth.json"
 if [ "${GROWTH:-1}" != 0 ]; then
   echo "how cost grows with note length (text stages and indexing, up to 65k-token notes)..." >&2
-  "$BIN" bench growth --csv "$WORK/mtsamples.csv" > "$WORK/growth.json"
+  "$LAB" bench growth --csv "$WORK/mtsamples.csv" > "$WORK/growth.json"
 fi
 echo "embedding: the worker's embedder against a bare ONNX Runtime loop (same model, inputs, batches, threads)..." >&2
-"$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
+"$LAB" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
 echo "embedding with the int8 model (and its cosine to fp32 on 3,000 of the same inputs)..." >&2
-CLINSTREAM__EMBED__MODEL_FILE=model.int8.onnx "$BIN" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" \
+CLINSTREAM__EMBED__MODEL_FILE=model.int8.onnx "$LAB" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" \
   --check-cpu 3000 > "$WORK/embed-int8.json"
 echo "SEOS vector modes side by side (${SEOS_NOTES:-200} notes)..." >&2
-"$BIN" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" --modes sentences,composed,fixed > "$WORK/seos.json"
+"$LAB" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" --modes sentences,composed,fixed > "$WORK/seos.json"
 SEOS_E2E_NOTES=${SEOS_E2E_NOTES:-${SEOS_NOTES:-200}}
 E2E_NOTES=${E2E_NOTES:-${SEOS_NOTES:-200}}
 echo '{}' > "$WORK/seos-e2e.json"
@@ -82,34 +83,34 @@ if [ "$SEOS_E2E_NOTES" != 0 ]; then
   python3 bench/seos_e2e.py "$WORK/mtsamples.csv" "$SEOS_E2E_NOTES" "${SEOS_E2E_ROUNDS:-3}" ${BASE_BIN:+"base=$BASE_BIN"} \
     "groups=$BIN:groups" "sentences=$BIN:sentences" "composed=$BIN:composed" "fixed=$BIN:fixed" > "$WORK/seos-e2e.json"
 fi
-# An end-to-end figure and its bound taken minutes apart differ by the VM's drift (the composed bound's bare loop
+# An end-to-end figure and its bound taken minutes apart differ by the machine's drift (the composed bound's bare loop
 # ran 6,933 and 8,611 tokens/s in two runs): the end-to-end runs are bracketed by bounds measured just before and
 # just after them (composed and fixed, the modes the broker runs use), and each ratio uses the bracket's mean.
 bound() {
   echo "embedding bounds of composed and fixed ($1)..." >&2
-  "$BIN" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" --modes composed,fixed --bound-only \
+  "$LAB" bench seos --csv "$WORK/mtsamples.csv" --limit "${SEOS_NOTES:-200}" --modes composed,fixed --bound-only \
     > "$WORK/bound-$1.json"
 }
 rm -f "$WORK"/bound-*.json
 if [ "$SEOS_E2E_NOTES" != 0 ]; then bound after-file-mode; fi
 echo "medSpaCy (single-threaded; PyRuSH, then spaCy's sentencizer)..." >&2
 .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy.json"
-# The first text-stage pass (step 1) and medSpaCy's run above lie minutes apart, and a shared VM's speed drifts by
+# The first text-stage pass (step 1) and medSpaCy's run above lie minutes apart, and a shared virtual machine's speed drifts by
 # 10-20 % between minutes: TEXT_ROUNDS-1 more rounds measure both back to back (clinstream's text stages, then
 # medSpaCy's sentencizer configuration), and the summary gives every round and the median ratio of the back-to-back
 # ones (the best of each side would pair minutes of different speed).
-# Five in all (four back to back): with two, one slow minute decided the median (docs/benchmarks.md, thirteenth).
+# Five in all (four back to back): with two, one slow minute decided the median (bench/results/2026-11-26-2.json).
 TEXT_ROUNDS=${TEXT_ROUNDS:-5}
 # Each round brackets medSpaCy's run (~70 s) with a clinstream pass (~1 s) just before and just after it: one
-# 1-s pass samples one moment of the VM, which twice ran ~25 % slow for a few seconds while medSpaCy's minute
-# averaged over it (docs/benchmarks.md, fourteenth session); the round's clinstream rate is both passes' notes over
+# 1-s pass samples one moment of the machine, which twice ran ~25 % slow for a few seconds while medSpaCy's minute
+# averaged over it (bench/results/2026-11-26-3.json); the round's clinstream rate is both passes' notes over
 # both passes' time.
 for r in $(seq 2 "$TEXT_ROUNDS"); do
   echo "text stages, medSpaCy's sentencizer, text stages, back to back (round $r of $TEXT_ROUNDS)..." >&2
-  "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r.json"
+  "$LAB" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r.json"
   MEDSPACY_RUNS=sentencizer .tools/bench-venv/bin/python bench/medspacy_bench.py "$WORK/mtsamples.csv" \
     "$WORK/targets.json" ${LIMIT:+"$LIMIT"} > "$WORK/medspacy-round$r.json"
-  "$BIN" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r-after.json"
+  "$LAB" bench text --csv "$WORK/mtsamples.csv" ${LIMIT:+--limit "$LIMIT"} > "$WORK/clinstream-round$r-after.json"
 done
 echo '{}' > "$WORK/e2e.json"; echo '{}' > "$WORK/e2e-seos.json"
 if [ "$E2E_NOTES" != 0 ]; then
@@ -149,26 +150,26 @@ fi
 echo '{}' > "$WORK/quantization.json"
 if [ "${QUANT_NOTES:-300}" != 0 ]; then
   echo "int8 quantization against exact search on a Qdrant server (${QUANT_NOTES:-300} notes stored)..." >&2
-  "$BIN" bench quantization --csv "$WORK/mtsamples.csv" --url "$url" --notes "${QUANT_NOTES:-300}" > "$WORK/quantization.json"
+  "$LAB" bench quantization --csv "$WORK/mtsamples.csv" --url "$url" --notes "${QUANT_NOTES:-300}" > "$WORK/quantization.json"
 fi
 echo '{}' > "$WORK/serve.json"
 if [ "${SERVE_REQUESTS:-600}" != 0 ]; then
   echo "query service over HTTP (1,488 notes indexed into each store; ${SERVE_REQUESTS:-600} questions per run)..." >&2
-  CLINSTREAM__SERVE__CACHE_DIR=$WORK/label-cache "$BIN" bench serve --documents "$SHARED/eval/qa/documents.ndjson" \
+  CLINSTREAM__SERVE__CACHE_DIR=$WORK/label-cache "$LAB" bench serve --documents "$SHARED/eval/qa/documents.ndjson" \
     --questions "$SHARED/eval/qa/questions.jsonl" --url "$url" --requests "${SERVE_REQUESTS:-600}" > "$WORK/serve.json"
 fi
 
 echo '[]' > "$WORK/store.json"
 if [ "${STORE_DOCS:-4000}" != 0 ]; then
   echo "store writes without the model (${STORE_DOCS:-4000} notes, each alone and grouped, embedded and server)..." >&2
-  "$BIN" bench store --csv "$WORK/mtsamples.csv" --docs "${STORE_DOCS:-4000}" --concurrency 512 --groups 0,2048 \
+  "$LAB" bench store --csv "$WORK/mtsamples.csv" --docs "${STORE_DOCS:-4000}" --concurrency 512 --groups 0,2048 \
     --runs 1 --url "$url" > "$WORK/store.json"
 fi
 
 echo '{}' > "$WORK/retrieval.json"
 if [ "${QA_RETRIEVAL:-1}" != 0 ]; then
   echo "retrieval on the qa set: exact SEOS, composed, composed with the int8 model (clear, dense, hybrid; budget 1,024)..." >&2
-  python3 bench/qa_retrieval.py "$BIN" "$SHARED/eval/qa" "$WORK/qa-cache" > "$WORK/retrieval.json"
+  python3 bench/qa_retrieval.py "$LAB" "$SHARED/eval/qa" "$WORK/qa-cache" > "$WORK/retrieval.json"
 fi
 
 python3 - "$WORK" <<'PY'

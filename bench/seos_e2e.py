@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SEOS end to end in file mode, today's release beside this tree, same notes, same run (issue 17, part 2).
+"""SEOS end to end in file mode, today's release beside this tree, same notes,, same run.
 
 Usage: bench/seos_e2e.py MTSAMPLES_CSV NOTES ROUNDS NAME=BIN[:SEOS_VECTORS] [NAME=BIN[:SEOS_VECTORS] ...]
 

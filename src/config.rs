@@ -413,7 +413,7 @@ pub struct AssertionSettings {
 pub struct ClearSettings {
     pub window_words: usize,
     pub token_budget: usize,
-    /// The variables' embedding expansion (data/variables/expansion.tsv, `clinstream vocab expand`): concepts whose
+    /// The variables' embedding expansion (data/variables/expansion.tsv, `clinstream-lab vocab expand`): concepts whose
     /// label is at least this close to a variable's labels become its targets too; 0 = none.
     pub expansion_min_score: f32,
     /// Compound terms also found by their parts' plain words ("pleural air collection" → pneumothorax;

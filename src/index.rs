@@ -264,7 +264,7 @@ impl Chunker {
 
     /// The document's chunks and their dense vectors. Tokenizing, composing and planning run on the blocking
     /// pool; embedding on the model thread; only the awaiting happens on the async workers (on a GPU the async
-    /// workers would otherwise be the bound: docs/benchmarks.md, "GPU").
+    /// workers would otherwise be the bound: docs/benchmarks.md, "One GPU worker").
     pub async fn chunk(&self, doc: &Arc<Document>) -> Result<Chunked, DocError> {
         let embed_err = |e: EmbedError| DocError::new(e.code(), Stage::Index, e.to_string());
         let mode = self.cpu.vectors;

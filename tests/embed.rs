@@ -174,7 +174,7 @@ fn bench_embed_sweeps_and_checks_against_the_cpu_reference() {
          \"ASSESSMENT: Type 2 diabetes, stable. Denies polyuria. PLAN: Continue metformin. Follow up in 3 months.\"\n",
     )
     .unwrap();
-    let out = common::clinstream()
+    let out = common::lab()
         .args(["bench", "embed", "--csv"])
         .arg(&csv)
         .args(["--limit", "2", "--runs", "1", "--batch-tokens", "512,1024", "--check-cpu", "50"])
@@ -214,7 +214,7 @@ fn bench_seos_bound_only_gives_the_full_bench_bounds_inputs() {
     }
     std::fs::write(&csv, rows).unwrap();
     let bench = |extra: &[&str]| {
-        let out = common::clinstream()
+        let out = common::lab()
             .args(["bench", "seos", "--csv"])
             .arg(&csv)
             .args(["--limit", "3", "--runs", "1"])

@@ -233,6 +233,21 @@ fn the_image_processes_examples_as_the_chart_runs_it() {
     assert!(read("notes.ndjson").lines().count() >= 40, "every other example is processed");
     assert!(read("variables.ndjson").lines().count() > 100);
     assert!(output.path().join("qdrant").is_dir(), "the embedded store lives in the output volume");
+    // The measuring tools are another binary, not shipped: the worker has no `bench`, `eval` or `vocab`, and
+    // there is no `clinstream-lab` in the image.
+    for lab in ["bench", "eval", "vocab"] {
+        let o = podman().args(["run", "--rm", "--network=none", tag, lab, "--help"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "`clinstream {lab}` in the image: {stderr}");
+        assert!(stderr.contains(&format!("unrecognized subcommand '{lab}'")), "{stderr}");
+    }
+    let o = podman()
+        .args(["run", "--rm", "--network=none", "--entrypoint=/usr/local/bin/clinstream-lab", tag, "--help"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "clinstream-lab is in the image");
+    let help = podman().args(["run", "--rm", "--network=none", tag, "--help"]).output().unwrap();
+    assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("context"));
 }
 
 #[test]

@@ -10,15 +10,16 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&str] = &[
     "config",
     "error",
+    "tls",
     "backoff",
     "model",
     "telemetry",
     "lexicon",
     "stages",
-    "query",
     "codec",
     "embed",
     "store",
+    "query",
     "index",
     "kafka",
     "fhir",
@@ -54,7 +55,9 @@ fn owner(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).unwrap();
     let first = rel.components().next()?.as_os_str().to_str()?.to_string();
     let name = first.trim_end_matches(".rs").to_string();
-    (name != "lib" && name != "main").then_some(name)
+    // `bin/` holds other binaries of the crate (`clinstream-lab`): they use the library from outside, as
+    // `clinstream::…`, never as `crate::…`.
+    (name != "lib" && name != "main" && name != "bin").then_some(name)
 }
 
 /// Top-level modules named by `crate::` paths in `code`: `crate::a::…` and `crate::{a, b::…}`.

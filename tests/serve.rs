@@ -459,7 +459,7 @@ async fn serves_context_and_search(s: Settings) {
     assert!(!metrics.contains("SECRET") && !metrics.contains("pleural"));
 }
 
-/// data/variables/expansion.tsv is what `clinstream vocab expand --min 0.7 --max 50` gives with the shipped model,
+/// data/variables/expansion.tsv is what `clinstream-lab vocab expand --min 0.7 --max 50` gives with the shipped model,
 /// lexicon and variables (regenerate it when one of them changes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_expansion_table_is_current() {
@@ -468,7 +468,7 @@ async fn the_shipped_expansion_table_is_current() {
     s.clear.expansion_min_score = 0.0;
     let pipeline = Pipeline::new(&s).unwrap();
     let embedder = clinstream::embed::Embedder::start_async(&s.embed).await.unwrap();
-    let index = clinstream::serve::label_index(&pipeline, &embedder, &label_cache()).await.unwrap();
+    let index = clinstream::query::labels::label_index(&pipeline, &embedder, &label_cache()).await.unwrap();
     let got = index.expansions(pipeline.lexicon(), pipeline.variables(), 0.7, 50);
     let shipped: Vec<(String, String, f32)> = clinstream::stages::clear::EXPANSION_TSV
         .lines()
@@ -478,7 +478,7 @@ async fn the_shipped_expansion_table_is_current() {
             (c[0].to_string(), c[1].to_string(), c[2].parse().unwrap())
         })
         .collect();
-    assert_eq!(got.len(), shipped.len(), "regenerate: clinstream vocab expand --min 0.7 --max 50");
+    assert_eq!(got.len(), shipped.len(), "regenerate: clinstream-lab vocab expand --min 0.7 --max 50");
     for ((v, c, score), (sv, sc, ss)) in got.iter().zip(&shipped) {
         assert_eq!(pipeline.variables()[*v].name(), sv);
         assert_eq!(&pipeline.lexicon().concept(*c).id, sc);

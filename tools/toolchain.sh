@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints the cargo toolchain argument the build needs: nothing when the default rustc is new enough (>= 1.96,
-# which qdrant-edge needs), else `+nightly` when a nightly toolchain is installed (the build machines have stable
-# 1.95 and a preinstalled 1.97 nightly). Override with `make RUST_TOOLCHAIN=+1.96.0 ...`.
+# which qdrant-edge needs), else `+nightly` when a nightly toolchain is installed (e.g. stable
+# 1.95 beside a 1.97 nightly). Override with `make RUST_TOOLCHAIN=+1.96.0 ...`.
 set -euo pipefail
 need_minor=96
 ver=$(rustc --version 2>/dev/null | awk '{print $2}')

@@ -3,6 +3,8 @@
 //! resource's `id` when it has one (so all versions of a document land on one partition, in order); the
 //! bytes are sent unchanged, malformed ones included — the worker dead-letters those.
 
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -13,12 +15,50 @@ use crate::codec::avro::{self, Encoder};
 
 use anyhow::{Context as _, anyhow};
 
+use super::{EXIT_DEAD_LETTERS, runtime};
 use crate::config::Settings;
 use crate::error::{ErrorCode, RunError};
 use crate::kafka::client_config;
 use crate::model::Origin;
 use crate::source::SourceEvent;
 use crate::source::file::{self, Input};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, env = "CLINSTREAM_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, short, required = true, num_args = 1..)]
+    input: Vec<String>,
+    /// Topic (default: the first of `kafka.topics`).
+    #[arg(long, short)]
+    topic: Option<String>,
+    /// Create the worker's topics first (as `kafka.create_topics` does).
+    #[arg(long)]
+    create_topics: bool,
+}
+
+pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
+    let Args { config, input, topic, create_topics } = args;
+    let settings = Settings::load(config.as_deref()).context("loading configuration")?;
+    crate::telemetry::init_logging(&settings.log)?;
+    let topic = topic
+        .or_else(|| settings.kafka.topics.iter().find(|t| !t.starts_with('^')).cloned())
+        .context("no --topic and no literal topic in kafka.topics")?;
+    let inputs: Vec<Input> = input.iter().map(|i| Input::parse(i)).collect();
+    let summary = runtime(&settings)?.block_on(async {
+        if create_topics {
+            crate::kafka::admin::ensure_topics(&settings.kafka).await?;
+        }
+        produce(&settings, &inputs, &topic).await
+    })?;
+    println!(
+        "sent {} events to {topic} ({} without an id key, {} over 16 MiB skipped, {} over the broker's \
+         message size limit not sent)",
+        summary.sent, summary.without_key, summary.skipped_oversized, summary.too_large
+    );
+    // Like `run`: finished, but not everything went through.
+    Ok(if summary.too_large > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
+}
 
 /// What `produce` did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -3,23 +3,58 @@
 //! can see what `clinstream run` stored. It prints note text (the user asked for it); logs never do.
 
 use std::fmt::Write;
-
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::Settings;
 use crate::embed::Embedder;
-use crate::serve::{ContextRequest, ContextResponse, SearchRequest, Service};
+use crate::query::Reader;
+use crate::query::api::SearchRequest;
 use crate::store::Hit;
 
 use anyhow::Context as _;
 
-/// The query service's core over the configured store, for one command.
-async fn service(settings: &Settings) -> anyhow::Result<Service> {
+use super::runtime;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// What to look for.
+    #[arg(long, short)]
+    query: String,
+    /// Only this patient's chunks (the FHIR reference as indexed, e.g. `Patient/123`).
+    #[arg(long)]
+    patient: Option<String>,
+    /// Only chunks of this section (canonical name, e.g. `assessment_and_plan`).
+    #[arg(long)]
+    section: Option<String>,
+    #[arg(long, short = 'k', default_value_t = 5)]
+    top: usize,
+    /// Print the hits with their whole payload as JSON lines.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, env = "CLINSTREAM_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
+    let Args { query, patient, section, top, json, config } = args;
+    let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+    settings.log.level = "warn".into();
+    crate::telemetry::init_logging(&settings.log)?;
+    let hits =
+        runtime(&settings)?.block_on(search(&settings, &query, patient.as_deref(), section.as_deref(), top.max(1)))?;
+    print!("{}", render(&hits, json));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The read side's method over the configured store, for one command.
+pub(super) async fn reader(settings: &Settings) -> anyhow::Result<Reader> {
     let pipeline =
         Arc::new(crate::stages::Pipeline::new(settings).map_err(|e| anyhow::anyhow!(e.problems().join("\n")))?);
     let embedder = Embedder::start_async(&settings.embed).await.context("embedding model")?;
     let store = crate::store::Store::open_existing(&settings.store).await.context("vector store")?;
-    Service::new(settings, pipeline, embedder, Arc::new(store))
+    Reader::new(settings, pipeline, embedder, Arc::new(store))
 }
 
 /// Runs one search against the configured store (what `POST /v1/search` answers).
@@ -41,73 +76,8 @@ pub async fn search(
         until: None,
         neighbours: false,
     };
-    let response = service(settings).await?.search(&request).await.context("search failed")?;
+    let response = reader(settings).await?.search(&request).await.context("search failed")?;
     Ok(response.hits.into_iter().map(|h| Hit { id: h.id, score: h.score, payload: h.payload }).collect())
-}
-
-/// The context for one question (what `POST /v1/context` answers).
-pub async fn context(settings: &Settings, request: &ContextRequest) -> anyhow::Result<ContextResponse> {
-    Ok(service(settings).await?.context(request).await?)
-}
-
-/// Text: the answer, the aligned entities, then each window with its provenance; JSON: the API's body.
-pub fn render_context(r: &ContextResponse, json: bool) -> String {
-    if json {
-        return serde_json::to_string_pretty(r).unwrap_or_default() + "\n";
-    }
-    let mut out = String::new();
-    let status = serde_json::to_value(r.answer.status).ok().and_then(|v| v.as_str().map(str::to_string));
-    let strategy = serde_json::to_value(r.strategy).ok().and_then(|v| v.as_str().map(str::to_string));
-    let _ = writeln!(
-        out,
-        "answer {} (confidence {:.2})  strategy {}  {} of {} tokens  {} mentions found",
-        status.unwrap_or_default(),
-        r.answer.confidence,
-        strategy.unwrap_or_default(),
-        r.tokens,
-        r.budget_tokens,
-        r.mentions_found
-    );
-    for e in &r.entities {
-        let _ = writeln!(
-            out,
-            "entity {} {:?} score {:.2} ({}{})",
-            e.id,
-            e.label,
-            e.score,
-            e.found,
-            if e.answer { ", answer" } else { "" }
-        );
-    }
-    for (i, w) in r.windows.iter().enumerate() {
-        let support = if r.answer.supporting.contains(&i) { " *" } else { "" };
-        let _ = writeln!(
-            out,
-            "\n[{}]{} doc {} v{} {} section {} ({:.1}) bytes {}..{} {}\n    {}",
-            i,
-            support,
-            w.doc_id,
-            w.doc_version,
-            w.date.as_deref().unwrap_or("-"),
-            w.section,
-            w.weight,
-            w.start,
-            w.end,
-            w.assertions.join(","),
-            w.text.split_whitespace().collect::<Vec<_>>().join(" ")
-        );
-    }
-    if !r.chunks.is_empty() {
-        let hits: Vec<Hit> =
-            r.chunks.iter().map(|h| Hit { id: h.id.clone(), score: h.score, payload: h.payload.clone() }).collect();
-        out.push_str(if r.strategy == crate::serve::api::Strategy::Clear {
-            "\nchunks nearest the question, in what the windows left of the budget:\n"
-        } else {
-            "\nno aligned entity in this patient's notes; hybrid chunks:\n"
-        });
-        out.push_str(&render(&hits, false));
-    }
-    out
 }
 
 /// Text: one block per hit (rank, score, document, section, a snippet); JSON: one line per hit with its payload.

@@ -347,7 +347,7 @@ struct Open {
 const RUN_OVERHEAD_TOKENS: usize = 64;
 /// The same on a GPU: a run of a small encoder is about a hundred kernel launches plus the copies and the
 /// synchronisation, about a millisecond, which is a couple of thousand tokens' work at the H100's rate
-/// (docs/benchmarks.md, "GPU").
+/// (docs/benchmarks.md, "One GPU worker").
 const GPU_RUN_OVERHEAD_TOKENS: usize = 2048;
 
 /// The model thread gathers up to this many batch budgets of queued inputs before planning: a larger pool sorts

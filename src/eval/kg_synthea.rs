@@ -1,4 +1,4 @@
-//! `clinstream eval kg-synthea --fhir DIR`: how much of a Synthea patient's coded record the knowledge graph
+//! `clinstream-lab eval kg-synthea --fhir DIR`: how much of a Synthea patient's coded record the knowledge graph
 //! recovers from the notes alone (issue baseline, no target yet).
 //!
 //! From a Synthea bulk export (`DocumentReference.000.ndjson`, `Condition.000.ndjson`,

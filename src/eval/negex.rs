@@ -1,4 +1,4 @@
-//! `clinstream eval negex --pairs TSV`: the NegEx / genConText test kit format — one concept-in-sentence pair
+//! `clinstream-lab eval negex --pairs TSV`: the NegEx / genConText test kit format — one concept-in-sentence pair
 //! per row: `report, concept, sentence, negation (Affirmed|Negated), temporality (Recent|Historical|Not
 //! particular), experiencer (Patient|Family member|Other)`, tab-separated with a header.
 //!

@@ -1,4 +1,4 @@
-//! `clinstream eval openi --reports CSV --labels CSV`: Open-i (Indiana University) chest X-ray reports against
+//! `clinstream-lab eval openi --reports CSV --labels CSV`: Open-i (Indiana University) chest X-ray reports against
 //! NegBio's labels. Each report becomes a note `INDICATION: … COMPARISON: … FINDINGS: … IMPRESSION: …` and runs
 //! through the text stages; a variable counts as positive when its label is `present` (uncertain counts as
 //! absent, as in the gold). Labels: Cardiomegaly, Effusion, Pneumonia, Pneumothorax, Edema; the report key is

@@ -1,4 +1,4 @@
-//! Clinical question answering over a patient's record (`clinstream eval qa`; the set's README defines the
+//! Clinical question answering over a patient's record (`clinstream-lab eval qa`; the set's README defines the
 //! figures): for each question, the context each strategy returns for that patient at the same token budget, and
 //! the answer decided from that context.
 //!
@@ -124,7 +124,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let embed_err = |e: crate::embed::EmbedError| fmt(documents, format!("embedding: {e}"));
     let lexicon = pipeline.lexicon();
     let variables = pipeline.variables();
-    let index = crate::serve::label_index(pipeline, embedder, label_cache).await.map_err(embed_err)?;
+    let index = crate::query::labels::label_index(pipeline, embedder, label_cache).await.map_err(embed_err)?;
     let count = |t: &str| embedder.count_tokens(t);
     let params = ContextParams { budget_tokens, window_words };
 

@@ -1,4 +1,4 @@
-//! `clinstream eval sdoh --csv CSV`: the smoking and alcohol statements of SDOH-NLI (premise, hypothesis,
+//! `clinstream-lab eval sdoh --csv CSV`: the smoking and alcohol statements of SDOH-NLI (premise, hypothesis,
 //! label). Each premise runs through the text stages as a SOCIAL HISTORY section; the `tobacco_use` and
 //! `alcohol_use` mentions give a status — current (an affirmed mention), former (a historical mention), never
 //! (only negated mentions), unknown — and each hypothesis is judged from that status:

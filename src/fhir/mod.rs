@@ -303,18 +303,9 @@ impl Fetcher {
     }
 }
 
-/// The pooled HTTP/1.1 client (http and https; rustls with the platform's roots and ring, as elsewhere).
+/// The pooled HTTP/1.1 client (http and https; TLS as every outbound client has it: `tls::client_config`).
 pub(crate) fn http_client() -> Result<HttpClient, FhirConfigError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| FhirConfigError(format!("TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let (tls, _) = crate::tls::client_config().map_err(|e| FhirConfigError(format!("TLS: {e}")))?;
     let connector =
         hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(
             {

@@ -189,23 +189,13 @@ where
 }
 
 fn tls_connector() -> Result<tokio_rustls::TlsConnector, RegistryError> {
-    let mut roots = rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    for cert in found.certs {
-        let _ = roots.add(cert);
-    }
-    if roots.is_empty() {
+    let (config, roots) = crate::tls::client_config().map_err(|e| RegistryError::Config(format!("TLS: {e}")))?;
+    if roots == 0 {
         return Err(RegistryError::Config(
             "no trusted CA certificates found for the https registry (install ca-certificates or set SSL_CERT_FILE)"
                 .into(),
         ));
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| RegistryError::Config(format!("TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 

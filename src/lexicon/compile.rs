@@ -20,7 +20,7 @@
 //! (each slot prefetched some words before it is probed, so the misses overlap), then a walk starts at
 //! every word and stops at the first step no pattern takes: a few table reads per word,
 //! where the byte-wise Aho-Corasick automaton it replaced made one dependent read per byte into 11.7 MB
-//! (`docs/benchmarks.md`, 2026-11-24, seventh).
+//! (CHANGELOG.md, 2026-11-24).
 //!
 //! The compiled form is `MAGIC`, the phrase count, a fingerprint of the folded phrases (a matcher refuses a form
 //! built from other phrases), the groups, then the trie's arrays, each a length and its little-endian items.
@@ -372,7 +372,7 @@ impl Trie {
     }
 
     /// Builds the trie of the marked, distinct patterns (`(marked, group)`).
-    fn build(patterns: &[(Vec<u8>, u32)]) -> Result<Trie, String> {
+    fn build(patterns: &[(Vec<u8>, u32)]) -> Result<Trie, CompileError> {
         struct Pattern<'a> {
             lead: &'a [u8],
             words: Vec<&'a [u8]>,
@@ -417,7 +417,7 @@ impl Trie {
             }
         }
         if words.len() as u32 >= MAX_WORDS || seps.len() as u32 >= LEAD_STEP {
-            return Err(format!("{} words and {} separators: more than the trie's keys hold", words.len(), seps.len()));
+            return Err(CompileError::TooManyKeys { words: words.len(), seps: seps.len() });
         }
         // Nodes, numbered here in order of creation (0 the root, then the lead roots), renumbered below.
         let mut lead_of: HashMap<&[u8], u32> = HashMap::new();
@@ -487,7 +487,7 @@ impl Trie {
             i += 1;
         }
         if order.len() != count {
-            return Err(format!("{} of {count} nodes reachable", order.len()));
+            return Err(CompileError::Unreachable { reachable: order.len(), nodes: count });
         }
         let mut new_id = vec![NONE; count];
         for (new, &old) in order.iter().enumerate() {
@@ -597,8 +597,42 @@ pub fn fingerprint<'a>(phrases: impl IntoIterator<Item = &'a str>) -> u64 {
     h
 }
 
+/// Why phrases could not be compiled, or a compiled form could not be read. (`Display` by hand: this file is also
+/// compiled into the build script, which has no dependencies.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompileError {
+    /// More distinct words or separators than the trie's 32-bit keys hold.
+    TooManyKeys { words: usize, seps: usize },
+    /// The trie's construction left nodes unreachable (a bug, reported rather than matched wrongly).
+    Unreachable { reachable: usize, nodes: usize },
+    /// A compiled form that does not start with this version's header.
+    WrongHeader,
+    /// A compiled form cut short.
+    Truncated,
+    /// A compiled form whose indexes point outside its own tables.
+    Inconsistent,
+}
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompileError::TooManyKeys { words, seps } => {
+                write!(f, "phrase trie: {words} words and {seps} separators: more than the trie's keys hold")
+            }
+            CompileError::Unreachable { reachable, nodes } => {
+                write!(f, "phrase trie: {reachable} of {nodes} nodes reachable")
+            }
+            CompileError::WrongHeader => f.write_str("compiled phrase matcher: wrong header"),
+            CompileError::Truncated => f.write_str("compiled phrase matcher: truncated"),
+            CompileError::Inconsistent => f.write_str("compiled phrase matcher: inconsistent structure"),
+        }
+    }
+}
+
+impl std::error::Error for CompileError {}
+
 /// Compiles the phrases (empty phrases never match and get no pattern).
-pub fn compile(phrases: &[&str]) -> Result<Compiled, String> {
+pub fn compile(phrases: &[&str]) -> Result<Compiled, CompileError> {
     let mut group_of: HashMap<Vec<u8>, u32> = HashMap::new();
     let mut members: Vec<Vec<u32>> = Vec::new();
     let mut patterns: Vec<(Vec<u8>, u32)> = Vec::new();
@@ -616,7 +650,7 @@ pub fn compile(phrases: &[&str]) -> Result<Compiled, String> {
         });
         members[g as usize].push(i as u32);
     }
-    let trie = Trie::build(&patterns).map_err(|e| format!("phrase trie: {e}"))?;
+    let trie = Trie::build(&patterns)?;
     let mut group_start = Vec::with_capacity(members.len() + 1);
     let mut group_phrases = Vec::with_capacity(count as usize);
     for m in &members {
@@ -718,17 +752,16 @@ impl Compiled {
 
     /// Reads a compiled form, checking its structure (bounds of every index); whether it was built from the
     /// caller's phrases is the caller's check (`phrases`, `fingerprint`).
-    pub fn from_bytes(bytes: &[u8]) -> Result<Compiled, String> {
-        let bad = |what: &str| format!("compiled phrase matcher: {what}");
-        let rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| bad("wrong header"))?;
-        let (phrases, rest) = rest.split_at_checked(4).ok_or_else(|| bad("truncated"))?;
+    pub fn from_bytes(bytes: &[u8]) -> Result<Compiled, CompileError> {
+        let rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or(CompileError::WrongHeader)?;
+        let (phrases, rest) = rest.split_at_checked(4).ok_or(CompileError::Truncated)?;
         let phrases = u32::from_le_bytes(phrases.try_into().expect("4 bytes"));
-        let (fp, rest) = rest.split_at_checked(8).ok_or_else(|| bad("truncated"))?;
+        let (fp, rest) = rest.split_at_checked(8).ok_or(CompileError::Truncated)?;
         let fingerprint = u64::from_le_bytes(fp.try_into().expect("8 bytes"));
         let mut rest = rest;
         macro_rules! take {
             () => {{
-                let (list, r) = take_list(rest).ok_or_else(|| bad("truncated"))?;
+                let (list, r) = take_list(rest).ok_or(CompileError::Truncated)?;
                 rest = r;
                 list
             }};
@@ -756,7 +789,7 @@ impl Compiled {
             && group_start.last().map(|&l| l as usize) == Some(group_phrases.len())
             && group_phrases.iter().all(|&p| p < phrases);
         if !rest.is_empty() || !groups_whole || !trie.check(group_start.len() - 1) {
-            return Err(bad("inconsistent structure"));
+            return Err(CompileError::Inconsistent);
         }
         Ok(Compiled { trie, group_start, group_phrases, phrases, fingerprint })
     }

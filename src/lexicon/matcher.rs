@@ -81,7 +81,7 @@ impl PhraseMatcher {
     /// `phrases`: (text, case_sensitive). Phrase indexes are positions in this list.
     pub fn new<'a>(phrases: impl IntoIterator<Item = (&'a str, bool)> + Clone) -> Result<Self, super::LexiconError> {
         let texts: Vec<&str> = phrases.clone().into_iter().map(|(t, _)| t).collect();
-        let compiled = compile::compile(&texts).map_err(super::LexiconError)?;
+        let compiled = compile::compile(&texts).map_err(|e| super::LexiconError(e.to_string()))?;
         Ok(Self::with(compiled, exact_of(phrases)))
     }
 
@@ -91,7 +91,7 @@ impl PhraseMatcher {
         bytes: &[u8],
         phrases: impl IntoIterator<Item = (&'a str, bool)> + Clone,
     ) -> Result<Self, super::LexiconError> {
-        let compiled = Compiled::from_bytes(bytes).map_err(super::LexiconError)?;
+        let compiled = Compiled::from_bytes(bytes).map_err(|e| super::LexiconError(e.to_string()))?;
         let exact = exact_of(phrases.clone());
         let fingerprint = compile::fingerprint(phrases.into_iter().map(|(t, _)| t));
         if compiled.phrases as usize != exact.phrases || compiled.fingerprint != fingerprint {

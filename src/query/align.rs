@@ -13,6 +13,8 @@
 //! (then the concept and its descendants). Kept: scores ≥ `min_score` and within `margin` of the best, at most
 //! `max_targets`. The label vectors are the caller's (embedded once per model and lexicon version).
 
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2};
 use std::collections::HashMap;
 
 use serde::Serialize;
@@ -166,7 +168,7 @@ impl LabelIndex {
 
     /// `a` (rows × dim) times every label vector: rows × labels cosines (rows and labels unit length). A few rows
     /// (a question's phrases) stream the 22k label vectors once through a SIMD dot kernel (about 3 ms); many rows
-    /// (a variable's labels) go through matrixmultiply's blocked product, where packing the labels pays off.
+    /// (a variable's labels) go through ndarray's blocked product (matrixmultiply), where packing the labels pays off.
     fn products(&self, a: &[f32], rows: usize) -> Vec<f32> {
         let n = self.targets.len();
         let mut out = vec![0.0f32; rows * n];
@@ -177,26 +179,11 @@ impl LabelIndex {
             dots(&self.vectors, self.dim, a, rows, &mut out);
             return out;
         }
-        // SAFETY: `a` is rows × dim row-major, `self.vectors` n × dim row-major (read as its transpose, dim × n,
-        // with strides 1 and dim), `out` rows × n row-major; every index the strides reach is inside each slice.
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                self.dim,
-                n,
-                1.0,
-                a.as_ptr(),
-                self.dim as isize,
-                1,
-                self.vectors.as_ptr(),
-                1,
-                self.dim as isize,
-                0.0,
-                out.as_mut_ptr(),
-                n as isize,
-                1,
-            );
-        }
+        // rows × dim times (n × dim)ᵀ into rows × n: ndarray's safe general product, on matrixmultiply's kernels.
+        let a = ArrayView2::from_shape((rows, self.dim), a).expect("rows × dim query vectors");
+        let labels = ArrayView2::from_shape((n, self.dim), &self.vectors[..n * self.dim]).expect("n × dim labels");
+        let mut c = ArrayViewMut2::from_shape((rows, n), &mut out).expect("rows × n products");
+        general_mat_mul(1.0, &a, &labels.t(), 0.0, &mut c);
         out
     }
 
@@ -267,7 +254,7 @@ impl LabelIndex {
     /// The variables' embedding expansion (the ontology augmentation of CLEAR): for each variable, the lexicon
     /// concepts of its entity kind whose preferred term is nearest to any of the variable's labels (name, synonyms,
     /// its concepts' terms), with that cosine, best first — those ≥ `min`, at most `max` per variable, none already a
-    /// target. `clinstream vocab expand` writes them to data/variables/expansion.tsv; `clear.expansion_min_score`
+    /// target. `clinstream-lab vocab expand` writes them to data/variables/expansion.tsv; `clear.expansion_min_score`
     /// decides which the text stages use.
     pub fn expansions(
         &self,

@@ -1,15 +1,23 @@
-//! The read side's method: what a clinical question is about (`align`), and the context that answers it
-//! (`context`: CLEAR windows across one patient's notes, chosen by alignment × section weight, merged, without
-//! copy-forward duplicates, cut to a token budget, with the answer those windows support).
+//! The read side's method: what a clinical question is about (`align`), the context that answers it (`context`:
+//! CLEAR windows across one patient's notes, chosen by alignment × section weight, merged, without copy-forward
+//! duplicates, cut to a token budget, with the answer those windows support), the stored windows as note
+//! fragments (`windows`; the write side builds them there too), the patient's facts (`facts`), and the
+//! concept-label index (`labels`).
 //!
-//! Both are pure given their inputs (the lexicon, the compiled CLEAR variables, a concept-label index with its
-//! embeddings, the patient's processed notes); the embedder and the stores are the callers' edge. Nothing here logs
-//! a question or note text.
+//! `reader` runs the method over its edges — the embedder, the store, the label cache — for one request; it is
+//! what the query service and `clinstream context` call. Everything else here is pure given its inputs (the
+//! lexicon, the compiled CLEAR variables, a label index with its embeddings, the patient's notes). `api` holds
+//! the requests and answers. Nothing here logs a question or note text.
 
 pub mod align;
+pub mod api;
 pub mod context;
+pub mod facts;
+pub mod labels;
+pub mod reader;
 pub mod windows;
 
 pub use align::{Aligned, Alignment, Found, LabelIndex};
 pub use context::{Answer, Context, ContextParams, ContextWindow, PatientNote};
+pub use reader::{ReadError, Reader};
 pub use windows::{StoredWindow, WindowNote};

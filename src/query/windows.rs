@@ -203,3 +203,29 @@ impl WindowNote {
 fn static_section(name: &str) -> &'static str {
     CANONICAL_SECTIONS.iter().find(|c| **c == name).copied().unwrap_or("other")
 }
+
+/// Stored window payloads → note fragments, keeping only mentions in the asked sections (all when none asked).
+/// A payload that does not parse (written by a future clinstream) is skipped.
+pub fn fragments(
+    stored: Vec<serde_json::Map<String, serde_json::Value>>,
+    lexicon: &crate::lexicon::Lexicon,
+    sections: &std::collections::HashSet<&str>,
+) -> Vec<WindowNote> {
+    let mut out = Vec::with_capacity(stored.len());
+    for mut p in stored {
+        let text = |p: &serde_json::Map<String, serde_json::Value>, k: &str| {
+            p.get(k).and_then(|v| v.as_str()).map(str::to_string)
+        };
+        let (Some(doc_id), version, date) = (text(&p, "doc_id"), text(&p, "doc_version"), text(&p, "doc_date")) else {
+            continue;
+        };
+        let Some(Ok(w)) = p.remove("window").map(serde_json::from_value::<StoredWindow>) else { continue };
+        let mut note = WindowNote::new(doc_id, version.unwrap_or_default(), date, w, lexicon);
+        if !sections.is_empty() {
+            let keep: Vec<bool> = note.sections.iter().map(|s| sections.contains(s.name)).collect();
+            note.mentions.retain(|m| keep[m.section]);
+        }
+        out.push(note);
+    }
+    out
+}

@@ -1,131 +1,26 @@
-//! The query service: answers clinical questions about one patient from what the workers stored.
-//!
-//! `Service` is the read side's core, shared by the HTTP routes (`routes`) and the CLI twins (`clinstream context`,
-//! `clinstream search`): given a patient and a question it aligns the question with the lexicon's concepts and
-//! the CLEAR variables (`query::align`, with the patient's own entities), reads the patient's stored entity
-//! windows (`Store::windows`, filtered by patient, dates, document types), rebuilds them into note fragments and
-//! assembles the context (`query::context`: windows by alignment × section weight, merged, copy-forward dropped,
-//! cut to the budget, date order, the answer they support), then fills what the windows left of the budget with
-//! the patient's chunks nearest the question (`serve.fill`; dense search). When nothing aligns, it falls back to hybrid chunk
-//! retrieval for that patient and says so. `search` is the dense + BM25 hybrid over chunks with filters and
-//! neighbour expansion.
-//!
-//! The embedder, the store and the label index are this module's edge; everything between is pure. Questions and
-//! note text are never logged; errors name fields and limits, never values.
+//! The query service: the read side's method (`query::Reader`) behind HTTP — routes, bearer-token auth, body and
+//! concurrency limits, timeouts (`routes`), the OpenAPI document (`api`), and the wiring that keeps `/readyz`
+//! true to the store. Nothing of the method lives here: `POST /v1/context` and `clinstream context` both call
+//! `Reader::context`.
 
 pub mod api;
 pub mod routes;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::Settings;
 use crate::embed::{EmbedError, Embedder};
-use crate::query::align::{self, AlignParams, LabelIndex};
-use crate::query::context::{self, ContextParams, PatientNote};
-use crate::query::windows::{StoredWindow, WindowNote};
+use crate::query::Reader;
 use crate::stages::Pipeline;
-use crate::store::{self, Filters, Query, Store, StoreError, bm25};
+use crate::store::{Filters, Store};
 
+pub use crate::query::ReadError;
 pub use api::{ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 
-/// Most windows read for one patient per request (a larger record is cut in point-id order; at ±150 words a
-/// window per mention cluster, this is thousands of notes).
-const MAX_WINDOWS: usize = 20_000;
-
-/// A string field of a hit's payload ("" when absent).
-fn str_of<'h>(h: &'h store::Hit, key: &str) -> &'h str {
-    h.payload.get(key).and_then(|v| v.as_str()).unwrap_or("")
-}
-
-/// The payload fields of a fill (or fallback) chunk: what [`context::fill`] reads and what cites the chunk (note,
-/// version, date, type, section, position and neighbours); the indexed copies of its entities and concepts stay in
-/// the store.
-const FILL_FIELDS: &[&str] = &[
-    "doc_id",
-    "doc_version",
-    "doc_date",
-    "doc_type",
-    "encounter",
-    "patient",
-    "section",
-    "section_title",
-    "start",
-    "end",
-    "text",
-    "tokens",
-    "chunk_index",
-    "prev_chunk_id",
-    "next_chunk_id",
-];
-
-/// Why a request was not answered.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The request is malformed or asks past a limit (4xx; the message names the field and the limit).
-    #[error("{0}")]
-    BadRequest(String),
-    /// The store could not be reached (503) or failed (500).
-    #[error("vector store: {0}")]
-    Store(#[from] StoreError),
-    #[error("embedding model: {0}")]
-    Embed(#[from] EmbedError),
-}
-
-/// Counts context tokens: the embedding model's tokenizer, or the downstream LLM's `tokenizer.json`.
-enum Counter {
-    Model,
-    File(Box<tokenizers::Tokenizer>),
-}
-
-/// Everything a request needs; cheap to share (`Arc`).
+/// The service: the reader it answers with, and its limits (`serve.*`).
+#[derive(Debug)]
 pub struct Service {
-    pipeline: Arc<Pipeline>,
-    embedder: Embedder,
-    store: Arc<Store>,
-    /// Built on first use (`prepare` builds it before the service says it is ready).
-    labels: tokio::sync::OnceCell<LabelIndex>,
-    bm25: qdrant_edge::bm25_embed::EdgeBm25,
-    counter: Counter,
-    settings: crate::config::ServeSettings,
-}
-
-impl std::fmt::Debug for Service {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Service").field("store", &self.store.kind()).finish_non_exhaustive()
-    }
-}
-
-/// The concept-label embeddings for the model and lexicon in use: loaded from `cache_dir` when a previous start
-/// left them there, embedded (and saved) otherwise.
-pub async fn label_index(pipeline: &Pipeline, embedder: &Embedder, cache_dir: &Path) -> Result<LabelIndex, EmbedError> {
-    let labels = LabelIndex::labels(pipeline.lexicon(), pipeline.variables());
-    let key = LabelIndex::cache_key(&embedder.info().name, &labels);
-    let cache = cache_dir.join(format!("labels-{key}.bin"));
-    if !cache_dir.as_os_str().is_empty()
-        && let Some(index) = LabelIndex::load(&cache, &key, labels.clone())
-    {
-        return Ok(index);
-    }
-    let texts: Vec<&str> = labels.iter().map(|(_, t)| t.as_str()).collect();
-    let mut vectors = Vec::with_capacity(texts.len());
-    for batch in texts.chunks(512) {
-        vectors.extend(embedder.embed(batch).await?);
-    }
-    let index = LabelIndex::new(labels, vectors);
-    if !cache_dir.as_os_str().is_empty()
-        && let Err(e) = index.save(&cache, &key)
-    {
-        tracing::warn!(error = %e, "Could not cache the label embeddings; they are embedded again at the next start.");
-    }
-    Ok(index)
-}
-
-/// `Patient/123` stays; a bare `123` becomes `Patient/123` (the form the notes carry).
-pub fn patient_reference(p: &str) -> String {
-    let p = p.trim();
-    if p.contains('/') { p.to_string() } else { format!("Patient/{p}") }
+    reader: Reader,
 }
 
 impl Service {
@@ -136,38 +31,26 @@ impl Service {
         embedder: Embedder,
         store: Arc<Store>,
     ) -> anyhow::Result<Service> {
-        let counter = if settings.serve.tokenizer.is_empty() {
-            Counter::Model
-        } else {
-            let t = tokenizers::Tokenizer::from_file(&settings.serve.tokenizer)
-                .map_err(|e| anyhow::anyhow!("serve.tokenizer: {e}"))?;
-            Counter::File(Box::new(t))
-        };
-        Ok(Service {
-            pipeline,
-            embedder,
-            store,
-            labels: tokio::sync::OnceCell::new(),
-            bm25: bm25::encoder(settings.store.bm25_avg_len)?,
-            counter,
-            settings: settings.serve.clone(),
-        })
+        Ok(Service { reader: Reader::new(settings, pipeline, embedder, store)? })
     }
 
-    /// Builds (or loads from `serve.cache_dir`) the concept-label embeddings; the first `/v1/context` would
-    /// otherwise pay for it.
+    /// The read side's method this service answers with.
+    pub fn reader(&self) -> &Reader {
+        &self.reader
+    }
+
+    /// Builds (or loads from `serve.cache_dir`) the concept-label embeddings before the service says it is ready;
+    /// the first `/v1/context` would otherwise pay for it.
     pub async fn prepare(&self) -> Result<(), EmbedError> {
-        self.labels().await.map(|_| ())
+        self.reader.prepare().await
     }
 
-    async fn labels(&self) -> Result<&LabelIndex, EmbedError> {
-        self.labels
-            .get_or_try_init(|| async {
-                let index = label_index(&self.pipeline, &self.embedder, Path::new(&self.settings.cache_dir)).await?;
-                index.prepare_sites(self.pipeline.lexicon(), self.pipeline.variables(), AlignParams::default());
-                Ok(index)
-            })
-            .await
+    pub fn store(&self) -> &Arc<Store> {
+        self.reader.store()
+    }
+
+    pub fn settings(&self) -> &crate::config::ServeSettings {
+        self.reader.settings()
     }
 
     /// While the store is marked unreachable (a request got 503), asks it every `every` whether it answers again,
@@ -180,302 +63,10 @@ impl Service {
             let probe = Filters { patient: Some("\u{1f}readiness-probe".into()), ..Default::default() };
             loop {
                 tokio::time::sleep(every).await;
-                if !crate::telemetry::health::store_reachable() && me.store.windows(&probe, 1).await.is_ok() {
+                if !crate::telemetry::health::store_reachable() && me.reader.store().windows(&probe, 1).await.is_ok() {
                     crate::http::set_store_reachable(true);
                 }
             }
         });
     }
-
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
-    pub fn settings(&self) -> &crate::config::ServeSettings {
-        &self.settings
-    }
-
-    fn count_tokens(&self, text: &str) -> usize {
-        match &self.counter {
-            Counter::Model => self.embedder.count_tokens(text),
-            Counter::File(t) => {
-                t.encode(text, false).map(|e| e.len()).unwrap_or_else(|_| text.split_whitespace().count())
-            }
-        }
-    }
-
-    /// Where each token of `text` ends (byte offsets), with the same tokenizer as [`Service::count_tokens`].
-    fn token_ends(&self, text: &str) -> Vec<usize> {
-        match &self.counter {
-            Counter::Model => self.embedder.token_ends(text),
-            Counter::File(t) => {
-                t.encode(text, false).map(|e| e.get_offsets().iter().map(|&(_, end)| end).collect()).unwrap_or_default()
-            }
-        }
-    }
-
-    /// A stored chunk's token count, when it was counted with the tokenizer this service counts with (chunks
-    /// carry their count with the embedding model's).
-    fn stored_tokens(&self, h: &store::Hit) -> Option<usize> {
-        match self.counter {
-            Counter::Model => h.payload.get("tokens").and_then(|v| v.as_u64()).map(|t| t as usize),
-            Counter::File(_) => None,
-        }
-    }
-
-    /// `POST /v1/context`.
-    pub async fn context(&self, req: &ContextRequest) -> Result<ContextResponse, ServeError> {
-        let budget = req.budget_tokens.unwrap_or(self.settings.default_budget_tokens);
-        if budget == 0 || budget > self.settings.max_budget_tokens {
-            return Err(ServeError::BadRequest(format!(
-                "budget_tokens: must be between 1 and {} (serve.max_budget_tokens)",
-                self.settings.max_budget_tokens
-            )));
-        }
-        let question = req.question.trim();
-        if question.is_empty() {
-            return Err(ServeError::BadRequest("question: must not be empty".into()));
-        }
-        let filters =
-            self.filters(Some(&req.patient), req.since.as_deref(), req.until.as_deref(), &req.document_types)?;
-        let lexicon = self.pipeline.lexicon();
-        let variables = self.pipeline.variables();
-        // The patient's windows (vectorless points, read by filter) and the question's embeddings, together.
-        let phrases = align::phrases(question);
-        let refs: Vec<&str> = phrases.iter().map(String::as_str).collect();
-        let (stored, phrase_vectors) =
-            tokio::join!(self.store.windows(&filters, MAX_WINDOWS), self.embedder.embed_now(&refs));
-        let (stored, phrase_vectors) = (stored?, phrase_vectors?);
-        // The fill's dense search starts now, beside the alignment and assembly (it needs only the question's
-        // vector: the first phrase); dense only — on the qa set fused BM25 ranks worse than dense alone.
-        let fill = req.fill.unwrap_or(self.settings.fill);
-        let fill_search = fill.then(|| {
-            let mut f = filters.clone();
-            f.sections = req.sections.clone();
-            let dense = phrase_vectors.first().cloned().unwrap_or_default();
-            let top = context::fill_candidates(budget).min(self.settings.max_top);
-            let q = Query { dense, sparse: store::Sparse::default(), filters: f, top, fields: Some(FILL_FIELDS) };
-            let store = Arc::clone(&self.store);
-            tokio::spawn(async move { store.search(&q).await })
-        });
-        let sections: HashSet<&str> = req.sections.iter().map(String::as_str).collect();
-        let notes = fragments(stored, lexicon, &sections);
-        let present: HashSet<u32> = notes.iter().flat_map(|n| n.mentions.iter().map(|m| m.concept)).collect();
-        let alignment = align::align(
-            question,
-            &phrase_vectors,
-            lexicon,
-            variables,
-            self.labels().await?,
-            Some(&present),
-            AlignParams::default(),
-        );
-        let views: Vec<PatientNote<'_>> = notes.iter().map(PatientNote::from).collect();
-        let params = ContextParams { budget_tokens: budget, window_words: self.settings.window_words };
-        let count = |t: &str| self.count_tokens(t);
-        let ends = |t: &str| self.token_ends(t);
-        let c = context::assemble_with(&views, &alignment, variables, lexicon, params, &count, Some(&ends));
-        // Fill: the nearest chunks, in what the windows left of the budget.
-        let filled = match fill_search {
-            Some(search) if !c.windows.is_empty() && c.tokens < budget => {
-                let hits = search.await.map_err(|e| StoreError::unavailable(format!("fill search: {e}")))??;
-                let at = |h: &store::Hit, key: &str| h.payload.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-                let taken = {
-                    let passages: Vec<context::Passage<'_>> = hits
-                        .iter()
-                        .map(|h| context::Passage {
-                            doc_id: str_of(h, "doc_id"),
-                            start: at(h, "start"),
-                            end: at(h, "end"),
-                            text: str_of(h, "text"),
-                            tokens: self.stored_tokens(h),
-                        })
-                        .collect();
-                    context::fill(&c.windows, &passages, budget, &count)
-                };
-                Some((hits, taken))
-            }
-            Some(search) => {
-                search.abort();
-                None
-            }
-            None => None,
-        };
-        let facts = facts(&notes, &alignment, lexicon);
-        let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
-        if let Some((hits, taken)) = filled {
-            response.add_fill(hits, &taken);
-        }
-        if alignment.is_empty() || response.windows.is_empty() {
-            // Nothing aligned (or no aligned concept in this patient's notes): hybrid chunks for the patient.
-            // The question itself is the first phrase: its vector is already there.
-            let dense = phrase_vectors.first().cloned();
-            let top = context::fill_candidates(budget).min(self.settings.max_top);
-            let hits = self.hybrid_with(question, dense, filters, &req.sections, top, Some(FILL_FIELDS)).await?;
-            response.fall_back(hits, budget, &|h| {
-                self.stored_tokens(h).unwrap_or_else(|| self.count_tokens(str_of(h, "text")))
-            });
-        }
-        Ok(response)
-    }
-
-    /// `POST /v1/search`.
-    pub async fn search(&self, req: &SearchRequest) -> Result<SearchResponse, ServeError> {
-        let top = req.top.unwrap_or(10);
-        if top == 0 || top > self.settings.max_top {
-            return Err(ServeError::BadRequest(format!(
-                "top: must be between 1 and {} (serve.max_top)",
-                self.settings.max_top
-            )));
-        }
-        if req.query.trim().is_empty() {
-            return Err(ServeError::BadRequest("query: must not be empty".into()));
-        }
-        let mut filters =
-            self.filters(req.patient.as_deref(), req.since.as_deref(), req.until.as_deref(), &req.document_types)?;
-        filters.concepts = req.concepts.clone();
-        let hits = self.hybrid(req.query.trim(), filters, &req.sections, top).await?;
-        let mut out: Vec<api::Hit> = hits.into_iter().map(api::Hit::from).collect();
-        if req.neighbours {
-            // The stored previous/next chunk ids, fetched once each, attached to the hit they neighbour.
-            let mut ids: Vec<String> = Vec::new();
-            for h in &out {
-                for key in ["prev_chunk_id", "next_chunk_id"] {
-                    if let Some(id) = h.payload.get(key).and_then(|v| v.as_str())
-                        && !ids.iter().any(|i| i == id)
-                    {
-                        ids.push(id.to_string());
-                    }
-                }
-            }
-            let found: HashMap<String, store::Hit> =
-                self.store.chunks(&ids).await?.into_iter().map(|h| (h.id.clone(), h)).collect();
-            for h in &mut out {
-                for (key, slot) in [("prev_chunk_id", 0), ("next_chunk_id", 1)] {
-                    let n = h.payload.get(key).and_then(|v| v.as_str()).and_then(|id| found.get(id));
-                    let n = n.map(|n| api::Hit::from(n.clone()));
-                    if slot == 0 { h.previous = n.map(Box::new) } else { h.next = n.map(Box::new) }
-                }
-            }
-        }
-        Ok(SearchResponse { hits: out })
-    }
-
-    async fn hybrid(
-        &self,
-        text: &str,
-        filters: Filters,
-        sections: &[String],
-        top: usize,
-    ) -> Result<Vec<store::Hit>, ServeError> {
-        self.hybrid_with(text, None, filters, sections, top, None).await
-    }
-
-    /// Hybrid chunk search for `text` (its dense vector given, or embedded here).
-    async fn hybrid_with(
-        &self,
-        text: &str,
-        dense: Option<Vec<f32>>,
-        mut filters: Filters,
-        sections: &[String],
-        top: usize,
-        fields: Option<&'static [&'static str]>,
-    ) -> Result<Vec<store::Hit>, ServeError> {
-        filters.sections = sections.to_vec();
-        let dense = match dense {
-            Some(d) => d,
-            None => self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default(),
-        };
-        let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top, fields };
-        Ok(self.store.search(&q).await?)
-    }
-
-    fn filters(
-        &self,
-        patient: Option<&str>,
-        since: Option<&str>,
-        until: Option<&str>,
-        types: &[String],
-    ) -> Result<Filters, ServeError> {
-        if patient.is_some_and(|p| p.trim().is_empty()) {
-            return Err(ServeError::BadRequest("patient: must not be empty (`Patient/123` or `123`)".into()));
-        }
-        let day = |field: &str, v: Option<&str>| match v {
-            None => Ok(None),
-            Some(d) => store::day(d.trim()).map(Some).ok_or_else(|| {
-                ServeError::BadRequest(format!("{field}: not a date (YYYY-MM-DD, or a date-time starting so)"))
-            }),
-        };
-        Ok(Filters {
-            patient: patient.map(patient_reference),
-            sections: Vec::new(),
-            doc_types: types.to_vec(),
-            concepts: Vec::new(),
-            since: day("since", since)?,
-            until: day("until", until)?,
-        })
-    }
-}
-
-/// Stored window payloads → note fragments, keeping only mentions in the asked sections (all when none asked).
-/// A payload that does not parse (written by a future clinstream) is skipped.
-fn fragments(
-    stored: Vec<serde_json::Map<String, serde_json::Value>>,
-    lexicon: &crate::lexicon::Lexicon,
-    sections: &HashSet<&str>,
-) -> Vec<WindowNote> {
-    let mut out = Vec::with_capacity(stored.len());
-    for mut p in stored {
-        let text = |p: &serde_json::Map<String, serde_json::Value>, k: &str| {
-            p.get(k).and_then(|v| v.as_str()).map(str::to_string)
-        };
-        let (Some(doc_id), version, date) = (text(&p, "doc_id"), text(&p, "doc_version"), text(&p, "doc_date")) else {
-            continue;
-        };
-        let Some(Ok(w)) = p.remove("window").map(serde_json::from_value::<StoredWindow>) else { continue };
-        let mut note = WindowNote::new(doc_id, version.unwrap_or_default(), date, w, lexicon);
-        if !sections.is_empty() {
-            let keep: Vec<bool> = note.sections.iter().map(|s| sections.contains(s.name)).collect();
-            note.mentions.retain(|m| keep[m.section]);
-        }
-        out.push(note);
-    }
-    out
-}
-
-/// The patient's facts for the aligned concepts, from the stored mentions: per concept, how often and when it
-/// was mentioned and the assertion of its latest mention (what the knowledge-graph stream says of this patient).
-fn facts(notes: &[WindowNote], alignment: &align::Alignment, lexicon: &crate::lexicon::Lexicon) -> Vec<api::Fact> {
-    let mut by: BTreeMap<u32, api::Fact> = BTreeMap::new();
-    for n in notes {
-        for m in n.mentions.iter().filter(|m| alignment.concepts.contains_key(&m.concept)) {
-            let c = lexicon.concept(m.concept);
-            let f = by.entry(m.concept).or_insert_with(|| api::Fact {
-                concept: c.id.clone(),
-                label: c.preferred.clone(),
-                kind: m.kind.as_str().to_string(),
-                mentions: 0,
-                documents: 0,
-                first_date: None,
-                last_date: None,
-                latest_assertion: String::new(),
-                doc_ids: Vec::new(),
-            });
-            f.mentions += 1;
-            if !f.doc_ids.contains(&n.doc_id) {
-                f.doc_ids.push(n.doc_id.clone());
-                f.documents += 1;
-            }
-            if f.first_date.is_none() || n.date.is_some() && n.date < f.first_date {
-                f.first_date = n.date.clone();
-            }
-            if n.date >= f.last_date || f.latest_assertion.is_empty() {
-                f.last_date = n.date.clone().or(f.last_date.take());
-                f.latest_assertion = context::assertion_name(&m.assertion).to_string();
-            }
-        }
-    }
-    let mut out: Vec<api::Fact> = by.into_values().collect();
-    out.sort_by(|a, b| b.mentions.cmp(&a.mentions).then_with(|| a.concept.cmp(&b.concept)));
-    out
 }

@@ -19,11 +19,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::de::DeserializeOwned;
+use subtle::{Choice, ConstantTimeEq};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::api::{ErrorBody, ErrorDetail};
-use super::{ContextRequest, SearchRequest, ServeError, Service};
+use super::{ContextRequest, ReadError, SearchRequest, Service};
 use crate::http::Readiness;
 use crate::store::StoreError;
 use crate::telemetry::metrics::metrics;
@@ -58,11 +59,11 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
     r
 }
 
-impl IntoResponse for ServeError {
+impl IntoResponse for ReadError {
     fn into_response(self) -> Response {
         match &self {
-            ServeError::BadRequest(m) => error(StatusCode::BAD_REQUEST, "bad_request", m.clone()),
-            ServeError::Store(StoreError::Unavailable { .. }) => {
+            ReadError::BadRequest(m) => error(StatusCode::BAD_REQUEST, "bad_request", m.clone()),
+            ReadError::Store(StoreError::Unavailable { .. }) => {
                 crate::http::set_store_reachable(false);
                 error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -70,11 +71,11 @@ impl IntoResponse for ServeError {
                     "the vector store is unavailable; retry later",
                 )
             }
-            ServeError::Store(StoreError::Failed(_)) => {
+            ReadError::Store(StoreError::Failed(_)) => {
                 tracing::warn!(error = %self, "A query-service request failed in the vector store.");
                 error(StatusCode::INTERNAL_SERVER_ERROR, "store_failed", "the vector store refused the request")
             }
-            ServeError::Embed(_) => {
+            ReadError::Embed(_) => {
                 tracing::warn!(error = %self, "A query-service request failed in the embedding model.");
                 error(StatusCode::INTERNAL_SERVER_ERROR, "embed_failed", "the embedding model failed")
             }
@@ -82,12 +83,10 @@ impl IntoResponse for ServeError {
     }
 }
 
-/// Keys compared without an early exit on the first differing byte.
+/// Keys compared in constant time (`subtle`), every key tried whatever matched: the time taken says nothing of
+/// how much of a key was right, nor which key it was.
 fn key_matches(given: &str, keys: &[String]) -> bool {
-    keys.iter().fold(false, |found, k| {
-        let same = k.len() == given.len() && k.bytes().zip(given.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-        found | same
-    })
+    keys.iter().fold(Choice::from(0), |found, k| found | k.as_bytes().ct_eq(given.as_bytes())).into()
 }
 
 async fn authenticate(State(api): State<Api>, request: Request, next: Next) -> Response {
@@ -171,7 +170,7 @@ where
     T: DeserializeOwned,
     R: serde::Serialize,
     F: FnOnce(Arc<Service>, T) -> Fut,
-    Fut: std::future::Future<Output = Result<R, ServeError>>,
+    Fut: std::future::Future<Output = Result<R, ReadError>>,
 {
     let clock = Instant::now();
     let response = async {
@@ -217,7 +216,7 @@ async fn context(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    answer(&api, "context", headers, body, |s, r: ContextRequest| async move { s.context(&r).await }).await
+    answer(&api, "context", headers, body, |s, r: ContextRequest| async move { s.reader().context(&r).await }).await
 }
 
 async fn search(
@@ -225,7 +224,7 @@ async fn search(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    answer(&api, "search", headers, body, |s, r: SearchRequest| async move { s.search(&r).await }).await
+    answer(&api, "search", headers, body, |s, r: SearchRequest| async move { s.reader().search(&r).await }).await
 }
 
 async fn not_found() -> Response {

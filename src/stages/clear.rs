@@ -133,7 +133,7 @@ pub fn compile(
     Ok((lexicon, vars))
 }
 
-/// The variables' embedding expansion as shipped (`clinstream vocab expand` writes it; the shipped model, lexicon
+/// The variables' embedding expansion as shipped (`clinstream-lab vocab expand` writes it; the shipped model, lexicon
 /// and default variables): `variable<TAB>concept id<TAB>cosine<TAB>preferred term` per line.
 pub const EXPANSION_TSV: &str = include_str!("../../data/variables/expansion.tsv");
 

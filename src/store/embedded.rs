@@ -18,7 +18,7 @@
 //! points written or deleted in a shard, and at least half as many as the shard held at its last maintenance, one
 //! background task flushes the shard's segments (so closed WAL segments are released) and runs the optimizers —
 //! vacuum of replaced and deleted points, merges, the HNSW index — while updates go on. Without it a long run's
-//! memory grows with every rewrite, even of the same points (docs/benchmarks.md, memory); spaced by the shard's
+//! memory grows with every rewrite, even of the same points (docs/benchmarks.md); spaced by the shard's
 //! size, its total cost stays proportional to the points written.
 
 use std::path::Path;

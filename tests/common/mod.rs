@@ -23,7 +23,16 @@ pub const CANARY: &str = "CANARY-Jane-Roe-MRN-0042";
 /// The `clinstream` binary with a clean environment: nothing of the caller's `CLINSTREAM__*`, `CLINSTREAM_CONFIG`
 /// or `RUST_LOG` leaks in; JSON logs; metrics on a free port (tests run in parallel).
 pub fn clinstream() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_clinstream"));
+    clean(Command::new(env!("CARGO_BIN_EXE_clinstream")))
+}
+
+/// The `clinstream-lab` binary (benchmarks, evaluations, vocabulary tools), with the same clean environment.
+#[allow(dead_code)]
+pub fn lab() -> Command {
+    clean(Command::new(env!("CARGO_BIN_EXE_clinstream-lab")))
+}
+
+fn clean(mut cmd: Command) -> Command {
     for (k, _) in std::env::vars() {
         if k.starts_with("CLINSTREAM__") || k == "CLINSTREAM_CONFIG" || k == "RUST_LOG" {
             cmd.env_remove(k);

@@ -1,4 +1,4 @@
-//! Benchmark helpers (`clinstream bench text`): the text stages on a corpus of real notes, per stage and all
+//! Benchmark helpers (`clinstream-lab bench text`): the text stages on a corpus of real notes, per stage and all
 //! together, single-threaded and on every core, with p50/p99 per note, the number of variable-target mentions
 //! (to compare with another tool on equal terms) and the CLEAR context tokens per note against note length.
 //! `bench/run.sh` (`make bench`) runs it beside medSpaCy and writes `bench/results/<date>.json`.
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde::Serialize;
 
-use crate::eval::{EvalError, csv, read};
-use crate::stages::Pipeline;
-use crate::stages::clear::word_spans;
+use clinstream::eval::{EvalError, csv, read};
+use clinstream::stages::Pipeline;
+use clinstream::stages::clear::word_spans;
 
 #[derive(Debug, Serialize)]
 pub struct StageRate {
@@ -89,7 +89,7 @@ pub fn text(pipeline: &Pipeline, events: &[Vec<u8>], threads: usize, token_budge
         target_mentions += doc.mentions.iter().filter(|m| targets.contains(&m.concept)).count();
         let words = word_spans(&doc.note.text).len();
         let context = doc.variables.iter().map(|v| v.context_tokens).max().unwrap_or(0);
-        lengths.push((words, context, crate::stages::clear::count_tokens(&doc.note.text)));
+        lengths.push((words, context, clinstream::stages::clear::count_tokens(&doc.note.text)));
     }
     let rate = |stage: &'static str, times: &[f64]| {
         let seconds: f64 = times.iter().sum();
@@ -201,18 +201,18 @@ pub struct ProviderCheck {
 
 /// Embeds the first `n` inputs with `settings` and with the reference (CPU, `model.onnx`), and compares them.
 pub fn check_against_cpu(
-    settings: &crate::config::EmbedSettings,
+    settings: &clinstream::config::EmbedSettings,
     inputs: &[Vec<u32>],
     n: usize,
 ) -> anyhow::Result<ProviderCheck> {
     let inputs = &inputs[..n.min(inputs.len())];
-    let reference = crate::config::EmbedSettings {
+    let reference = clinstream::config::EmbedSettings {
         execution_provider: "cpu".into(),
         model_file: "model.onnx".into(),
         ..settings.clone()
     };
-    let got = crate::embed::embed_direct(settings, inputs)?;
-    let want = crate::embed::embed_direct(&reference, inputs)?;
+    let got = clinstream::embed::embed_direct(settings, inputs)?;
+    let want = clinstream::embed::embed_direct(&reference, inputs)?;
     let cosines: Vec<f64> = got
         .iter()
         .zip(&want)
@@ -234,7 +234,11 @@ pub fn check_against_cpu(
 
 /// The SEOS sentence groups (each sentence with one neighbour on each side) of each note: the embedder's main
 /// load in the worker. One request per note.
-pub fn embed_inputs(pipeline: &Pipeline, events: &[Vec<u8>], embedder: &crate::embed::Embedder) -> Vec<Vec<Vec<u32>>> {
+pub fn embed_inputs(
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+    embedder: &clinstream::embed::Embedder,
+) -> Vec<Vec<Vec<u32>>> {
     events
         .iter()
         .filter_map(|e| pipeline.process(e).ok())
@@ -252,21 +256,21 @@ pub fn embed_inputs(pipeline: &Pipeline, events: &[Vec<u8>], embedder: &crate::e
 /// Runs the worker path (the embedder handle, one concurrent request per note, at most `in_flight` at once) and
 /// the bare loop alternately, `runs` times each, and keeps the best of each.
 pub fn embed(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
     events: &[Vec<u8>],
     runs: usize,
     check_cpu: usize,
 ) -> anyhow::Result<EmbedBench> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let embedder = clinstream::embed::Embedder::start(&settings.embed)?;
     let per_note = embed_inputs(pipeline, events, &embedder);
     let all: Vec<Vec<u32>> = per_note.iter().flatten().cloned().collect();
     let tokens: usize = all.iter().map(Vec::len).sum();
     let in_flight = settings.pipeline.in_flight;
     let (mut best_worker, mut best_bare) = (0f64, 0f64);
     for _ in 0..runs.max(1) {
-        let (bare_tokens, took) = crate::embed::bare_loop(&settings.embed, &all)?;
+        let (bare_tokens, took) = clinstream::embed::bare_loop(&settings.embed, &all)?;
         best_bare = best_bare.max(bare_tokens as f64 / took.as_secs_f64());
         let took = rt.block_on(async {
             let clock = Instant::now();
@@ -310,7 +314,7 @@ pub fn embed(
     })
 }
 
-/// SEOS's vector modes side by side on the same notes (`clinstream bench seos`, `make bench`): what each costs
+/// SEOS's vector modes side by side on the same notes (`clinstream-lab bench seos`, `make bench`): what each costs
 /// the model and how far its plans and vectors are from the exact method's (`groups`).
 #[derive(Debug, serde::Serialize)]
 pub struct SeosBench {
@@ -352,7 +356,7 @@ pub struct SeosMode {
 
 /// Runs each SEOS mode `runs` times (alternating) over the notes and compares with `groups`.
 pub fn seos(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
     events: &[Vec<u8>],
     modes: &[String],
@@ -364,9 +368,9 @@ pub fn seos(
     let chunkers = seos_chunkers(settings, pipeline, &embedder, &all_modes)?;
     let note_tokens: usize = docs.iter().map(|d| chunkers[0].units(d).iter().map(|u| u.tokens).sum::<usize>()).sum();
     let in_flight = settings.pipeline.in_flight.max(1);
-    let run_mode = |c: &crate::index::Chunker| chunk_all(&rt, c, &docs, in_flight);
+    let run_mode = |c: &clinstream::index::Chunker| chunk_all(&rt, c, &docs, in_flight);
     let mut best = vec![Duration::MAX; chunkers.len()];
-    let mut results: Vec<Vec<crate::index::Chunked>> = vec![Vec::new(); chunkers.len()];
+    let mut results: Vec<Vec<clinstream::index::Chunked>> = vec![Vec::new(); chunkers.len()];
     for _ in 0..runs.max(1) {
         for (i, c) in chunkers.iter().enumerate() {
             let (took, out) = run_mode(c)?;
@@ -374,7 +378,7 @@ pub fn seos(
             results[i] = out;
         }
     }
-    let starts = |x: &crate::index::Chunked| -> Vec<usize> {
+    let starts = |x: &clinstream::index::Chunked| -> Vec<usize> {
         x.chunks.iter().map(|c| c.units.start + c.overlap_units).collect()
     };
     let exact = &results[0];
@@ -421,27 +425,27 @@ pub fn seos(
     })
 }
 
-type Docs = Vec<std::sync::Arc<crate::model::Document>>;
+type Docs = Vec<std::sync::Arc<clinstream::model::Document>>;
 
 /// What the SEOS benches share: a 2-worker runtime, the embedder, and the notes through the text stages.
 fn seos_setup(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
     events: &[Vec<u8>],
-) -> anyhow::Result<(tokio::runtime::Runtime, crate::embed::Embedder, Docs)> {
+) -> anyhow::Result<(tokio::runtime::Runtime, clinstream::embed::Embedder, Docs)> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let embedder = clinstream::embed::Embedder::start(&settings.embed)?;
     let docs = events.iter().filter_map(|e| pipeline.process(e).ok()).map(std::sync::Arc::new).collect();
     Ok((rt, embedder, docs))
 }
 
 /// One chunker per mode (`groups`, `sentences`, `composed`: SEOS with those vectors; `fixed`: fixed-size chunks).
 fn seos_chunkers(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
-    embedder: &crate::embed::Embedder,
+    embedder: &clinstream::embed::Embedder,
     modes: &[String],
-) -> anyhow::Result<Vec<crate::index::Chunker>> {
+) -> anyhow::Result<Vec<clinstream::index::Chunker>> {
     if let Some(bad) = modes.iter().find(|m| !["groups", "sentences", "composed", "fixed"].contains(&m.as_str())) {
         anyhow::bail!("--modes: `{bad}` is not groups, sentences, composed or fixed");
     }
@@ -457,7 +461,8 @@ fn seos_chunkers(
             } else {
                 s.chunking.seos_vectors = m.clone();
             }
-            crate::index::Chunker::new(&s, embedder.clone(), pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))
+            clinstream::index::Chunker::new(&s, embedder.clone(), pipeline.compiled())
+                .map_err(|e| anyhow::anyhow!("{e}"))
         })
         .collect()
 }
@@ -465,10 +470,10 @@ fn seos_chunkers(
 /// Chunks (and embeds) every note with `in_flight` notes at once, as the worker does: the time and the results.
 fn chunk_all(
     rt: &tokio::runtime::Runtime,
-    chunker: &crate::index::Chunker,
-    docs: &[std::sync::Arc<crate::model::Document>],
+    chunker: &clinstream::index::Chunker,
+    docs: &[std::sync::Arc<clinstream::model::Document>],
     in_flight: usize,
-) -> anyhow::Result<(Duration, Vec<crate::index::Chunked>)> {
+) -> anyhow::Result<(Duration, Vec<clinstream::index::Chunked>)> {
     use std::sync::Arc;
     rt.block_on(async {
         let clock = Instant::now();
@@ -494,11 +499,11 @@ fn chunk_all(
 /// A mode's embedding bound on these notes: (embedded tokens, the bare loop's tokens/s on the mode's own model
 /// inputs, notes/s if nothing but the model took time).
 fn mode_bound(
-    settings: &crate::config::Settings,
-    chunker: &crate::index::Chunker,
+    settings: &clinstream::config::Settings,
+    chunker: &clinstream::index::Chunker,
     mode: &str,
-    docs: &[std::sync::Arc<crate::model::Document>],
-    chunked: &[crate::index::Chunked],
+    docs: &[std::sync::Arc<clinstream::model::Document>],
+    chunked: &[clinstream::index::Chunked],
 ) -> anyhow::Result<(usize, f64, f64)> {
     let embedded: usize = chunked.iter().map(|x| x.embedded_tokens).sum();
     let inputs = model_inputs(chunker, mode, docs, chunked)?;
@@ -509,13 +514,13 @@ fn mode_bound(
     let bare = if inputs.is_empty() {
         0.0
     } else {
-        let (tokens, took) = crate::embed::bare_loop(&settings.embed, &inputs)?;
+        let (tokens, took) = clinstream::embed::bare_loop(&settings.embed, &inputs)?;
         tokens as f64 / took.as_secs_f64()
     };
     Ok((embedded, bare, bare / (embedded as f64 / docs.len().max(1) as f64).max(1.0)))
 }
 
-/// The embedding bound alone (`clinstream bench seos --bound-only`): each mode's notes chunked once, then its model
+/// The embedding bound alone (`clinstream-lab bench seos --bound-only`): each mode's notes chunked once, then its model
 /// inputs through the bare loop. For measuring a bound right beside an end-to-end run (`make bench`, step 3).
 #[derive(Debug, serde::Serialize)]
 pub struct Bound {
@@ -527,7 +532,7 @@ pub struct Bound {
 }
 
 pub fn bounds(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
     events: &[Vec<u8>],
     modes: &[String],
@@ -554,10 +559,10 @@ pub fn bounds(
 /// (`groups`) or the sentences (`sentences`, `composed`) of notes with more than one unit, then the chunks (not for
 /// `composed`; only the chunks for `fixed`).
 fn model_inputs(
-    chunker: &crate::index::Chunker,
+    chunker: &clinstream::index::Chunker,
     mode: &str,
-    docs: &[std::sync::Arc<crate::model::Document>],
-    chunked: &[crate::index::Chunked],
+    docs: &[std::sync::Arc<clinstream::model::Document>],
+    chunked: &[clinstream::index::Chunked],
 ) -> anyhow::Result<Vec<Vec<u32>>> {
     let mut texts: Vec<&str> = Vec::new();
     for (d, c) in docs.iter().zip(chunked) {
@@ -565,7 +570,7 @@ fn model_inputs(
         let units = chunker.units(d);
         match mode {
             "groups" if units.len() >= 2 => {
-                for r in crate::stages::chunk::groups(&units, chunker.neighbours()) {
+                for r in clinstream::stages::chunk::groups(&units, chunker.neighbours()) {
                     texts.push(&text[units[r.start].start..units[r.end - 1].end]);
                 }
             }
@@ -598,7 +603,7 @@ pub struct QuantizationBench {
 
 #[derive(Debug, serde::Serialize)]
 pub struct SearchMode {
-    pub search: crate::store::DenseSearch,
+    pub search: clinstream::store::DenseSearch,
     /// Mean share of the exact top-`top` ids found (exact search: 1 by definition).
     pub recall: f64,
     pub mean_ms: f64,
@@ -609,7 +614,7 @@ pub struct SearchMode {
 /// waits until its optimizers are idle, then asks `queries` held-out sentence groups for their `top` neighbours
 /// by exact search (the truth), HNSW on full vectors, and HNSW on int8 vectors with and without rescoring.
 pub fn quantization(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
     events: &[Vec<u8>],
     notes: usize,
@@ -617,9 +622,9 @@ pub fn quantization(
     top: usize,
     url: &str,
 ) -> anyhow::Result<QuantizationBench> {
-    use crate::store::{DenseSearch, Point, server::ServerStore};
+    use clinstream::store::{DenseSearch, Point, server::ServerStore};
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let embedder = crate::embed::Embedder::start(&settings.embed)?;
+    let embedder = clinstream::embed::Embedder::start(&settings.embed)?;
     let per_note = embed_inputs(pipeline, events, &embedder);
     anyhow::ensure!(per_note.len() > notes, "need more than {notes} readable notes, found {}", per_note.len());
     let mut store_settings = settings.store.clone();
@@ -636,7 +641,7 @@ pub fn quantization(
                 .into_iter()
                 .enumerate()
                 .map(|(i, dense)| Point {
-                    id: crate::store::point_id(&format!("bench-{n}"), "1", i),
+                    id: clinstream::store::point_id(&format!("bench-{n}"), "1", i),
                     dense,
                     sparse: Default::default(),
                     payload: Default::default(),
@@ -761,14 +766,14 @@ fn event_of(id: &str, text: &str) -> Vec<u8> {
 /// text stages run on each (median of several runs), then — with `index` — the indexer's first half (units, SEOS
 /// plan, chunk vectors, on the configured embedder).
 pub fn growth(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     pipeline: &Pipeline,
     csv_path: &Path,
     column: &str,
     synthetic: &[usize],
     index: bool,
 ) -> anyhow::Result<GrowthBench> {
-    use crate::stages::clear::count_tokens;
+    use clinstream::stages::clear::count_tokens;
     let rows = csv::records(&read(csv_path)?);
     let texts: Vec<&str> =
         rows.iter().filter_map(|r| r.get(column)).map(|t| t.as_str()).filter(|t| !t.trim().is_empty()).collect();
@@ -806,8 +811,11 @@ pub fn growth(
         times[times.len() / 2]
     };
     let chunker = if index {
-        let embedder = crate::embed::Embedder::start(&settings.embed)?;
-        Some(crate::index::Chunker::new(settings, embedder, pipeline.compiled()).map_err(|e| anyhow::anyhow!("{e}"))?)
+        let embedder = clinstream::embed::Embedder::start(&settings.embed)?;
+        Some(
+            clinstream::index::Chunker::new(settings, embedder, pipeline.compiled())
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        )
     } else {
         None
     };
@@ -900,7 +908,7 @@ pub struct StoreRun {
 /// a new collection on that Qdrant server (dropped afterwards). Checks the point count after each run.
 #[allow(clippy::too_many_arguments)]
 pub fn store(
-    settings: &crate::config::Settings,
+    settings: &clinstream::config::Settings,
     real: Option<(&Pipeline, &[Vec<u8>])>,
     docs: usize,
     chunks: usize,
@@ -912,9 +920,9 @@ pub fn store(
 ) -> anyhow::Result<Vec<StoreRun>> {
     use std::sync::Arc;
 
-    use crate::store::{Point, Sparse, Store, Writer, point_id, window_id};
+    use clinstream::store::{Point, Sparse, Store, Writer, point_id, window_id};
     // The worker's own runtime (async threads, blocking pool), so the store is measured as the worker drives it.
-    let rt = super::runtime(settings)?;
+    let rt = clinstream::cli::runtime(settings)?;
     let dim = 384;
     let text = "x".repeat(800);
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -929,8 +937,8 @@ pub fn store(
         // Real notes: the worker's payloads and windows, fixed chunks, placeholder vectors (no model run).
         let mut embed = settings.embed.clone();
         embed.execution_provider = "cpu".into();
-        let embedder = crate::embed::Embedder::start(&embed)?;
-        let chunker = crate::index::Chunker::new(settings, embedder, pipeline.compiled())?;
+        let embedder = clinstream::embed::Embedder::start(&embed)?;
+        let chunker = clinstream::index::Chunker::new(settings, embedder, pipeline.compiled())?;
         for event in events.iter().cycle().take(docs) {
             let Ok(doc) = pipeline.process(event) else { continue };
             let n = documents.len();
@@ -986,7 +994,7 @@ pub fn store(
     let all_points: usize = documents.iter().map(|(_, p)| p.len()).sum();
     tracing::info!(docs, chunk_points, all_points, "bench store: documents ready");
     let documents = Arc::new(documents);
-    let mut kinds: Vec<(&'static str, crate::config::StoreSettings)> = Vec::new();
+    let mut kinds: Vec<(&'static str, clinstream::config::StoreSettings)> = Vec::new();
     let mut embedded = settings.store.clone();
     embedded.kind = "embedded".into();
     embedded.alias.clear();
@@ -1011,7 +1019,7 @@ pub fn store(
                 let result = rt.block_on(async {
                     let store = Arc::new(Store::open(&s, dim).await?);
                     let writer = Writer::start(store.clone(), group_points, s.group_concurrency);
-                    let groups0 = crate::telemetry::metrics::metrics().store_group_documents.get_sample_count();
+                    let groups0 = clinstream::telemetry::metrics::metrics().store_group_documents.get_sample_count();
                     let limit = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
                     let clock = Instant::now();
                     let mut tasks = Vec::with_capacity(docs);
@@ -1030,7 +1038,7 @@ pub fn store(
                     }
                     let seconds = clock.elapsed().as_secs_f64();
                     let groups =
-                        crate::telemetry::metrics::metrics().store_group_documents.get_sample_count() - groups0;
+                        clinstream::telemetry::metrics::metrics().store_group_documents.get_sample_count() - groups0;
                     let count = store.count().await?;
                     if let Store::Server(server) = &*store {
                         server.drop_collection().await?;

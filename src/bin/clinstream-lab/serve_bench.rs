@@ -1,4 +1,4 @@
-//! `clinstream bench serve`: latency and throughput of the query service over HTTP, as clients see it.
+//! `clinstream-lab bench serve`: latency and throughput of the query service over HTTP, as clients see it.
 //!
 //! Indexes the documents (the worker's own `Indexer`: chunks and entity windows) into the embedded store and, when
 //! `--url` is given, into a new collection on a Qdrant server (`--keep` keeps and reuses both); builds the service on each, serves it on loopback
@@ -17,10 +17,10 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 
-use crate::config::Settings;
-use crate::index::Indexer;
-use crate::serve::{Service, routes};
-use crate::stages::Pipeline;
+use clinstream::config::Settings;
+use clinstream::index::Indexer;
+use clinstream::serve::{Service, routes};
+use clinstream::stages::Pipeline;
 
 #[derive(Debug, Serialize)]
 pub struct Latency {
@@ -135,7 +135,7 @@ pub fn run(
             eprintln!("{name}: {} documents indexed in {:.0} s", docs.len(), clock.elapsed().as_secs_f64());
             let service = Service::new(&s, pipeline.clone(), indexer.embedder().clone(), indexer.store().clone())?;
             service.prepare().await?;
-            let readiness = crate::http::Readiness::default();
+            let readiness = clinstream::http::Readiness::default();
             let (addr, _) = routes::serve(&s.serve.addr, Arc::new(service), readiness, std::future::pending()).await?;
             let bodies = |route: &str| -> Vec<String> {
                 questions

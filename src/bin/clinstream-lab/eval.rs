@@ -1,0 +1,209 @@
+//! `clinstream-lab eval …`: quality on the labelled sets (`make eval`; docs/evaluation.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use clinstream::cli::{pipeline, runtime};
+
+#[derive(Subcommand)]
+pub enum EvalCommand {
+    /// NegEx / genConText kit: concept-in-sentence pairs with negation, temporality and experiencer labels.
+    Negex {
+        /// The kit's TSV (report, concept, sentence, negation, temporality, experiencer).
+        #[arg(long)]
+        pairs: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Print each misclassified pair to stderr (development aid; the kit is de-identified).
+        #[arg(long)]
+        show_errors: bool,
+    },
+    /// Open-i chest X-ray reports against NegBio labels (cardiomegaly, effusion, pneumonia, pneumothorax, edema).
+    Openi {
+        #[arg(long)]
+        reports: PathBuf,
+        #[arg(long)]
+        labels: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print each misclassified report to stderr (development aid).
+        #[arg(long)]
+        show_errors: bool,
+    },
+    /// Clinical questions over patients' records (../shared/eval/qa): per strategy at the same token budget,
+    /// evidence recall, answer accuracy, isolation violations and context tokens (the set's README defines them).
+    Qa {
+        /// DocumentReference NDJSON (the patients' notes).
+        #[arg(long)]
+        documents: PathBuf,
+        /// Questions JSONL (`patient`, `question`, `variable`, `answer`, `evidence`).
+        #[arg(long)]
+        questions: PathBuf,
+        /// Context budget in tokens (the embedding model's tokenizer).
+        #[arg(long, default_value_t = 1024)]
+        budget: usize,
+        /// Comma-separated: clear (windows, then the nearest chunks in what they leave of the budget: what `serve`
+        /// answers by default), clear-windows (the windows only), dense, bm25, hybrid.
+        #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
+        strategy: Vec<String>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Where the label embeddings are cached (per model and label list).
+        #[arg(long, default_value = ".cache")]
+        cache_dir: PathBuf,
+        /// Print each wrong answer or missed evidence to stderr (development aid on the public set).
+        #[arg(long)]
+        show_errors: bool,
+        /// Chunks for dense, bm25 and hybrid: `words` (sentences packed to about 100 words) or `index` (the
+        /// indexer's chunks and vectors under `chunking.*`, e.g. CLINSTREAM__CHUNKING__SEOS_VECTORS=composed).
+        #[arg(long, default_value = "words", value_parser = ["words", "index"])]
+        chunks: String,
+    },
+    /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
+    KgSynthea {
+        /// A Synthea bulk-FHIR export directory (DocumentReference, Condition, MedicationRequest .000.ndjson).
+        #[arg(long)]
+        fhir: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// SDOH-NLI smoking and alcohol statements.
+    Sdoh {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Print each misjudged statement to stderr (development aid).
+        #[arg(long)]
+        show_errors: bool,
+    },
+}
+
+/// Runs one `eval` command.
+pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        EvalCommand::Negex { pairs, json, show_errors } => {
+            let r = clinstream::eval::negex::run(&pairs, show_errors).context("evaluating on the NegEx kit")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "negation   P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
+                    r.negation.precision,
+                    r.negation.recall,
+                    r.negation.f1,
+                    r.negation.tp,
+                    r.negation.fp,
+                    r.negation.fn_
+                );
+                println!("temporality accuracy {:.3}", r.temporality.accuracy);
+                println!("experiencer accuracy {:.3}", r.experiencer.accuracy);
+                println!("n {}  (concept not found: {})", r.n, r.concept_not_found);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EvalCommand::Openi { reports, labels, config, json, show_errors } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let r = clinstream::eval::openi::run(&pipeline, &reports, &labels, show_errors)
+                .context("evaluating on Open-i")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (v, p) in &r.per_variable {
+                    println!(
+                        "{v:<18} P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
+                        p.precision, p.recall, p.f1, p.tp, p.fp, p.fn_
+                    );
+                }
+                println!("macro F1 {:.3}  n {}", r.macro_f1, r.n);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EvalCommand::Qa { documents, questions, budget, strategy, config, json, cache_dir, show_errors, chunks } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            for s in &strategy {
+                anyhow::ensure!(
+                    ["clear", "clear-windows", "dense", "bm25", "hybrid"].contains(&s.as_str()),
+                    "unknown strategy `{s}` (clear, clear-windows, dense, bm25, hybrid)"
+                );
+            }
+            let r = runtime(&settings)?.block_on(async {
+                let embedder =
+                    clinstream::embed::Embedder::start_async(&settings.embed).await.context("embedding model")?;
+                let chunker = match chunks.as_str() {
+                    "index" => Some(
+                        clinstream::index::Chunker::new(&settings, embedder.clone(), pipeline.compiled())
+                            .map_err(|e| anyhow::anyhow!("{e}"))?,
+                    ),
+                    _ => None,
+                };
+                let window = settings.clear.window_words;
+                let run = clinstream::eval::qa::QaRun {
+                    documents: &documents,
+                    questions: &questions,
+                    budget_tokens: budget,
+                    window_words: window,
+                    strategies: &strategy,
+                    label_cache: &cache_dir,
+                    show_errors,
+                    chunker: chunker.as_ref(),
+                };
+                clinstream::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("{} documents, {} patients, budget {} tokens", r.documents, r.patients, r.budget_tokens);
+                for s in &r.strategies {
+                    println!(
+                        "{:<13} evidence recall {:.3} ({} with evidence)  accuracy {:.3}  isolation violations {}  \
+                         tokens mean {:.0} max {} (over budget {}){}",
+                        s.strategy,
+                        s.evidence_recall,
+                        s.with_evidence,
+                        s.answer_accuracy,
+                        s.isolation_violations,
+                        s.mean_tokens,
+                        s.max_tokens,
+                        s.over_budget,
+                        if s.strategy.starts_with("clear") {
+                            format!("  unaligned {}", s.unaligned)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EvalCommand::KgSynthea { fhir, config } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let r =
+                clinstream::eval::kg_synthea::run(&pipeline, &fhir).context("checking the graph against Synthea")?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        EvalCommand::Sdoh { csv, config, json, show_errors } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let r = clinstream::eval::sdoh::run(&pipeline, &csv, show_errors).context("evaluating on SDOH-NLI")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (h, s) in &r.per_hypothesis {
+                    println!("{h:<48} accuracy {:.3}  (n {})", s.accuracy, s.n);
+                }
+                println!("accuracy {:.3}  n {}", r.accuracy, r.n);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `clinstream context`: the CLEAR context for a question about one patient, from the configured store — what
+//! `POST /v1/context` answers, computed by the same function (`query::Reader::context`). Prints note text (the user
+//! asked for it); logs never do.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+use super::runtime;
+use super::search::{reader, render};
+use crate::config::Settings;
+use crate::query::api::{ContextRequest, ContextResponse, Strategy};
+use crate::store::Hit;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The patient reference as the notes carry it (`Patient/123`) or a bare id.
+    #[arg(long)]
+    patient: String,
+    #[arg(long, short)]
+    question: String,
+    /// Token budget (default `serve.default_budget_tokens`).
+    #[arg(long)]
+    budget: Option<usize>,
+    /// Only notes on or after / before this day (YYYY-MM-DD).
+    #[arg(long)]
+    since: Option<String>,
+    #[arg(long)]
+    until: Option<String>,
+    /// Only notes of this type (repeatable).
+    #[arg(long = "type")]
+    document_types: Vec<String>,
+    /// Only mentions in this section (canonical name; repeatable).
+    #[arg(long = "section")]
+    sections: Vec<String>,
+    /// The CLEAR windows only: do not fill the rest of the budget with chunks (`serve.fill`).
+    #[arg(long)]
+    no_fill: bool,
+    /// Print the response as JSON (the API's body).
+    #[arg(long)]
+    json: bool,
+    #[arg(long, env = "CLINSTREAM_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
+    let Args { patient, question, budget, since, until, document_types, sections, no_fill, json, config } = args;
+    let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
+    settings.log.level = "warn".into();
+    crate::telemetry::init_logging(&settings.log)?;
+    let request = ContextRequest {
+        patient,
+        question,
+        budget_tokens: budget,
+        since,
+        until,
+        document_types,
+        sections,
+        fill: no_fill.then_some(false),
+    };
+    let response = runtime(&settings)?.block_on(context(&settings, &request))?;
+    print!("{}", render_context(&response, json));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The context for one question (what `POST /v1/context` answers).
+pub async fn context(settings: &Settings, request: &ContextRequest) -> anyhow::Result<ContextResponse> {
+    Ok(reader(settings).await?.context(request).await?)
+}
+
+/// Text: the answer, the aligned entities, then each window with its provenance; JSON: the API's body.
+pub fn render_context(r: &ContextResponse, json: bool) -> String {
+    if json {
+        return serde_json::to_string_pretty(r).unwrap_or_default() + "\n";
+    }
+    let mut out = String::new();
+    let status = serde_json::to_value(r.answer.status).ok().and_then(|v| v.as_str().map(str::to_string));
+    let strategy = serde_json::to_value(r.strategy).ok().and_then(|v| v.as_str().map(str::to_string));
+    let _ = writeln!(
+        out,
+        "answer {} (confidence {:.2})  strategy {}  {} of {} tokens  {} mentions found",
+        status.unwrap_or_default(),
+        r.answer.confidence,
+        strategy.unwrap_or_default(),
+        r.tokens,
+        r.budget_tokens,
+        r.mentions_found
+    );
+    for e in &r.entities {
+        let _ = writeln!(
+            out,
+            "entity {} {:?} score {:.2} ({}{})",
+            e.id,
+            e.label,
+            e.score,
+            e.found,
+            if e.answer { ", answer" } else { "" }
+        );
+    }
+    for (i, w) in r.windows.iter().enumerate() {
+        let support = if r.answer.supporting.contains(&i) { " *" } else { "" };
+        let _ = writeln!(
+            out,
+            "\n[{}]{} doc {} v{} {} section {} ({:.1}) bytes {}..{} {}\n    {}",
+            i,
+            support,
+            w.doc_id,
+            w.doc_version,
+            w.date.as_deref().unwrap_or("-"),
+            w.section,
+            w.weight,
+            w.start,
+            w.end,
+            w.assertions.join(","),
+            w.text.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
+    if !r.chunks.is_empty() {
+        let hits: Vec<Hit> =
+            r.chunks.iter().map(|h| Hit { id: h.id.clone(), score: h.score, payload: h.payload.clone() }).collect();
+        out.push_str(if r.strategy == Strategy::Clear {
+            "\nchunks nearest the question, in what the windows left of the budget:\n"
+        } else {
+            "\nno aligned entity in this patient's notes; hybrid chunks:\n"
+        });
+        out.push_str(&render(&hits, false));
+    }
+    out
+}

@@ -1,0 +1,256 @@
+//! The read side's requests and answers: what `Reader::context` and `Reader::search` take and give, the bodies of
+//! `POST /v1/context` and `POST /v1/search` (the service's OpenAPI document is generated from them:
+//! `serve::api::openapi`), and what `clinstream context --json` prints.
+//!
+//! Requests refuse unknown fields (a misspelt filter is an error, not silently ignored).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::model::Label;
+use crate::query::align::Alignment;
+use crate::query::context::Context;
+use crate::store::{self, Filters};
+
+/// `POST /v1/context`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ContextRequest {
+    /// The subject reference as the notes carry it (`Patient/123`); a bare id (`123`) is read as `Patient/123`.
+    pub patient: String,
+    /// The clinical question (never logged).
+    pub question: String,
+    /// Context budget in tokens (default `serve.default_budget_tokens`, at most `serve.max_budget_tokens`).
+    #[serde(default)]
+    pub budget_tokens: Option<usize>,
+    /// Only notes dated on or after this day (`YYYY-MM-DD`).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only notes dated on or before this day (`YYYY-MM-DD`).
+    #[serde(default)]
+    pub until: Option<String>,
+    /// Only notes of these types (the type's text or coding display, as stored).
+    #[serde(default)]
+    pub document_types: Vec<String>,
+    /// Only mentions in these sections (canonical names: `impression`, `findings`, `assessment_and_plan`, ...).
+    #[serde(default)]
+    pub sections: Vec<String>,
+    /// Fill what the windows leave of the budget with the patient's chunks nearest the question (default
+    /// `serve.fill`); `false` returns the windows only.
+    #[serde(default)]
+    pub fill: Option<bool>,
+}
+
+/// How the context was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// CLEAR: windows around the aligned entities' mentions.
+    Clear,
+    /// Nothing aligned, or no aligned entity in this patient's notes: hybrid chunk retrieval for the patient.
+    HybridFallback,
+}
+
+/// `present` | `absent` | `uncertain` | `not_mentioned`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Present,
+    Absent,
+    Uncertain,
+    NotMentioned,
+}
+
+impl From<Label> for Status {
+    fn from(l: Label) -> Self {
+        match l {
+            Label::Present => Status::Present,
+            Label::Absent => Status::Absent,
+            Label::Uncertain => Status::Uncertain,
+            Label::NotMentioned => Status::NotMentioned,
+        }
+    }
+}
+
+/// An aligned concept or CLEAR variable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Entity {
+    /// The concept id (`DOID:1673`) or `variable:<name>`.
+    pub id: String,
+    pub label: String,
+    /// Alignment score (1 for a lexicon match).
+    pub score: f32,
+    /// `lexicon` (a term of the question) or `embedding` (semantic alignment).
+    pub found: String,
+    /// An answer target (its mentions vote); otherwise context only.
+    pub answer: bool,
+}
+
+/// One context window: `query::context`'s own type.
+pub use crate::query::context::ContextWindow as Window;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Answer {
+    pub status: Status,
+    /// The winner's share of the weighted votes (1 when nothing voted).
+    pub confidence: f32,
+    /// Indexes into `windows` of the windows that support the status.
+    pub supporting: Vec<usize>,
+}
+
+pub use super::facts::Fact;
+
+/// A stored chunk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hit {
+    pub id: String,
+    /// RRF score (0 for a neighbour).
+    pub score: f32,
+    /// `doc_id`, `doc_version`, `doc_date`, `patient`, `section`, `text`, `entities`, `prev_chunk_id`,
+    /// `next_chunk_id`, ... (docs/embedding.md lists every field).
+    pub payload: Map<String, Value>,
+    /// The chunk before it in the note (with `neighbours: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Box<Hit>>,
+    /// The chunk after it in the note (with `neighbours: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Box<Hit>>,
+}
+
+impl From<store::Hit> for Hit {
+    fn from(h: store::Hit) -> Self {
+        Hit { id: h.id, score: h.score, payload: h.payload, previous: None, next: None }
+    }
+}
+
+/// The answer of `POST /v1/context`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ContextResponse {
+    /// The patient reference searched (`Patient/123`).
+    pub patient: String,
+    pub strategy: Strategy,
+    pub entities: Vec<Entity>,
+    /// Date order (then note and position).
+    pub windows: Vec<Window>,
+    /// With `clear` and `fill`: the patient's chunks nearest the question that filled what the windows left of the
+    /// budget, best first, each cut to its longest part outside the windows (`text`, `start`, `end` of that part). With `hybrid_fallback`: the patient's best chunks that fit
+    /// the budget, best first. Context only: the answer comes from the windows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<Hit>,
+    /// Tokens of `windows` and `chunks`, counted with the configured tokenizer.
+    pub tokens: usize,
+    pub budget_tokens: usize,
+    /// Aligned mentions found in the patient's notes before the budget cut.
+    pub mentions_found: usize,
+    pub answer: Answer,
+    pub facts: Vec<Fact>,
+}
+
+impl ContextResponse {
+    pub(crate) fn new(filters: &Filters, budget: usize, a: &Alignment, c: Context, facts: Vec<Fact>) -> Self {
+        ContextResponse {
+            patient: filters.patient.clone().unwrap_or_default(),
+            strategy: Strategy::Clear,
+            entities: a
+                .aligned
+                .iter()
+                .map(|x| Entity {
+                    id: x.id.clone(),
+                    label: x.label.clone(),
+                    score: x.score,
+                    found: serde_json::to_value(x.found)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    answer: x.answer,
+                })
+                .collect(),
+            windows: c.windows,
+            chunks: Vec::new(),
+            tokens: c.tokens,
+            budget_tokens: budget,
+            mentions_found: c.mentions_found,
+            answer: Answer {
+                status: c.answer.status.into(),
+                confidence: c.answer.confidence,
+                supporting: c.answer.supporting,
+            },
+            facts,
+        }
+    }
+
+    /// Adds the fill chunks (`context::fill`'s choice among `hits`): a chunk cut to its part outside the windows
+    /// carries that part's `text`, `start` and `end`.
+    pub(crate) fn add_fill(&mut self, hits: Vec<store::Hit>, taken: &[crate::query::context::Filled]) {
+        let mut hits: Vec<Option<store::Hit>> = hits.into_iter().map(Some).collect();
+        for f in taken {
+            let Some(mut h) = hits.get_mut(f.index).and_then(Option::take) else { continue };
+            let at = |key: &str| h.payload.get(key).and_then(Value::as_u64).map(|v| v as usize);
+            if let (Some(start), Some(end)) = (at("start"), at("end"))
+                && (start, end) != (f.start, f.end)
+            {
+                let text = h.payload.get("text").and_then(Value::as_str).unwrap_or("");
+                let part = text.get(f.start - start..f.end - start).unwrap_or("").to_string();
+                h.payload.insert("text".into(), part.into());
+                h.payload.insert("start".into(), f.start.into());
+                h.payload.insert("end".into(), f.end.into());
+            }
+            self.chunks.push(Hit::from(h));
+            self.tokens += f.tokens;
+        }
+    }
+
+    /// Switches to the hybrid fallback: the hits, best first, while their text fits the budget.
+    /// `tokens` gives a hit's token count.
+    pub(crate) fn fall_back(&mut self, hits: Vec<store::Hit>, budget: usize, tokens: &dyn Fn(&store::Hit) -> usize) {
+        self.strategy = Strategy::HybridFallback;
+        self.windows.clear();
+        self.answer = Answer { status: Status::NotMentioned, confidence: 1.0, supporting: Vec::new() };
+        let mut remaining = budget;
+        for h in hits {
+            if remaining == 0 {
+                break;
+            }
+            let t = tokens(&h);
+            if t <= remaining {
+                remaining -= t;
+                self.chunks.push(Hit::from(h));
+            }
+        }
+        self.tokens = budget - remaining;
+    }
+}
+
+/// `POST /v1/search`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    pub query: String,
+    /// `Patient/123` or `123`; omitted = every patient (the caller's authorisation decides whether it may).
+    #[serde(default)]
+    pub patient: Option<String>,
+    /// Hits to return (default 10, at most `serve.max_top`).
+    #[serde(default)]
+    pub top: Option<usize>,
+    /// Only chunks spanning any of these sections.
+    #[serde(default)]
+    pub sections: Vec<String>,
+    #[serde(default)]
+    pub document_types: Vec<String>,
+    /// Only chunks mentioning any of these concept ids.
+    #[serde(default)]
+    pub concepts: Vec<String>,
+    #[serde(default)]
+    pub since: Option<String>,
+    #[serde(default)]
+    pub until: Option<String>,
+    /// Attach each hit's previous and next chunk (the stored neighbour ids).
+    #[serde(default)]
+    pub neighbours: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SearchResponse {
+    pub hits: Vec<Hit>,
+}
