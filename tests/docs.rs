@@ -33,6 +33,20 @@ fn openapi_doc_is_the_generated_one() {
         assert!(v["components"]["schemas"][schema]["properties"][field].is_object(), "{schema}.{field}");
     }
     assert_eq!(v["components"]["schemas"]["ContextRequest"]["required"], serde_json::json!(["patient", "question"]));
+    // The limits the server enforces are in the contract, from the same settings.
+    let serve = clinstream::config::Settings::load_from(None, Some(Default::default())).unwrap().serve;
+    let schemas = &v["components"]["schemas"];
+    assert_eq!(schemas["ContextRequest"]["properties"]["budget_tokens"]["minimum"], 1);
+    assert_eq!(schemas["ContextRequest"]["properties"]["budget_tokens"]["maximum"], serve.max_budget_tokens);
+    assert_eq!(schemas["SearchRequest"]["properties"]["top"]["maximum"], serve.max_top);
+    for (schema, field) in [("ContextRequest", "patient"), ("ContextRequest", "question"), ("SearchRequest", "query")] {
+        assert_eq!(schemas[schema]["properties"][field]["minLength"], 1, "{schema}.{field}");
+    }
+    assert!(schemas["SearchRequest"]["properties"]["since"]["pattern"].is_string());
+    let mut narrow = serve.clone();
+    narrow.max_top = 7;
+    let doc = clinstream::serve::api::openapi_for(&narrow);
+    assert_eq!(doc["components"]["schemas"]["SearchRequest"]["properties"]["top"]["maximum"], 7);
 }
 
 #[test]

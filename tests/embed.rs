@@ -161,6 +161,27 @@ async fn with_reference(dir: &Path, model_file: &str) -> Option<(Embedder, Vec<S
     Some((embedder, texts, vectors))
 }
 
+/// The model digest (what the label cache is keyed on) tells the model files of one directory apart and is the
+/// same for the same file in two processes' embedders; the model's name alone is the directory's and would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_digest_tells_model_files_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let start = |file: &str| {
+        let mut e = s.embed.clone();
+        e.model_file = file.into();
+        tokio::task::spawn_blocking(move || Embedder::start(&e))
+    };
+    let fp32 = start("model.onnx").await.unwrap().unwrap();
+    let again = start("model.onnx").await.unwrap().unwrap();
+    let int8 = start("model.int8.onnx").await.unwrap().unwrap();
+    assert_eq!(fp32.info().name, int8.info().name, "one directory, one name");
+    let (a, b, c) = (fp32.digest().await, again.digest().await, int8.digest().await);
+    assert_eq!(a.len(), 40, "{a}");
+    assert_eq!(a, b, "the same file, the same digest");
+    assert_ne!(a, c, "fp32 and int8 files differ");
+}
+
 /// `bench embed` as the GPU measurements use it: a sweep prints one JSON line per combination, and `--check-cpu`
 /// compares the benchmarked model (here fp16 on CPU) with fp32 on CPU per vector.
 #[test]

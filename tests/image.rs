@@ -114,9 +114,12 @@ struct Pod {
 
 fn pod(objects: &Value, input: &Path, output: &Path) -> Pod {
     let first = |path: &str| objects[path][0].clone();
-    let deployment = first("clinstream/templates/deployment.yaml");
+    let workers = first("clinstream/templates/workers.yaml");
+    assert_eq!(workers["kind"], "StatefulSet", "the workers keep their names across restarts");
     let configmap = first("clinstream/templates/configmap.yaml");
-    let spec = &deployment["spec"]["template"]["spec"];
+    let spec = &workers["spec"]["template"]["spec"];
+    // The first replica's name, as the StatefulSet gives it.
+    let pod_name = format!("{}-0", workers["metadata"]["name"].as_str().unwrap());
     let c = &spec["containers"][0];
     let mut env: Vec<(String, String)> = Vec::new();
     for from in c["envFrom"].as_array().into_iter().flatten() {
@@ -129,8 +132,14 @@ fn pod(objects: &Value, input: &Path, output: &Path) -> Pod {
         }
     }
     for e in c["env"].as_array().into_iter().flatten() {
-        let value = e["value"].as_str().expect("only plain env values in these values (no secrets)");
-        env.push((e["name"].as_str().unwrap().to_string(), value.to_string()));
+        // Plain values with `$(VAR)` references to earlier variables, as Kubernetes expands them, and the pod's
+        // name (no secrets in these values).
+        let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
+            (Some(v), _) => env.iter().fold(v.to_string(), |v, (k, x)| v.replace(&format!("$({k})"), x)),
+            (None, Some("metadata.name")) => pod_name.clone(),
+            _ => panic!("only plain env values and the pod's name in these values: {e}"),
+        };
+        env.push((e["name"].as_str().unwrap().to_string(), value));
     }
     let (psc, csc) = (&spec["securityContext"], &c["securityContext"]);
     let mut podman = vec!["--network".to_string(), "host".to_string()];

@@ -138,10 +138,10 @@ fn happy_path_outputs_and_commits() {
     assert!(w.stdout_text().contains("documents read                   300"), "{}", w.stdout_text());
 }
 
-/// A backlog that fits in the intake channel still pauses the partitions while the runner is busy, and resumes
-/// them as it drains: records that wait in the channel count, not only those held back behind it. (Without this a
-/// worker with a small backlog keeps fetching what it cannot use; a broker that answers an empty fetch at once is
-/// then asked thousands of times a second: docs/kafka.md, "Backpressure".)
+/// A backlog within the channel (fewer records than it holds) still pauses the partitions once records have waited
+/// `kafka.pause_after_ms` for the runner, and resumes them as it drains. The runner is held up by the notes
+/// themselves, not by the machine's speed: each note is fetched by reference from a server that answers every
+/// request 30 ms late, with one document in flight, so records always wait longer than the 10 ms threshold.
 #[test]
 fn a_backlog_within_the_channel_pauses_intake_while_the_runner_is_busy() {
     let Some(addr) = shared_broker() else { return };
@@ -149,22 +149,89 @@ fn a_backlog_within_the_channel_pauses_intake_while_the_runner_is_busy() {
     let names = Names::new("pausechan");
     let dir = test_dir();
     create_topic(&addr, &names.input, 2);
-    // 200 events fit in the default channel (256): nothing is ever held back behind it.
-    let events = documents("pausechan", 200);
+    let notes = SlowNotes::start(Duration::from_millis(30));
+    // 60 events fit in the default channel (256): nothing is ever held back behind it.
+    let events: Vec<Event> = (0..60).map(|i| notes.event(&format!("pausechan-{i}"))).collect();
     produce(&addr, &names.input, &events);
     let extra = vec![
         ("CLINSTREAM__PIPELINE__IN_FLIGHT", "1".to_string()),
         ("CLINSTREAM__KAFKA__PAUSE_AFTER_MS", "10".to_string()),
+        ("CLINSTREAM__FHIR__ALLOWED_HOSTS", notes.host()),
     ];
     let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
-    wait_until(Duration::from_secs(60), "kg records for every document", || distinct_keys(&addr, &names.kg) == 200);
+    wait_until(Duration::from_secs(120), "kg records for every document", || distinct_keys(&addr, &names.kg) == 60);
     wait_all_committed(&addr, &names, 10);
     w.sigterm();
     assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
     assert_all_committed(&addr, &names);
-    assert_eq!(read_all(&addr, &names.kg, true).len(), 200, "one kg record per document, none twice");
+    assert_eq!(read_all(&addr, &names.kg, true).len(), 60, "one kg record per document, none twice");
+    assert!(notes.served() >= 60, "every note fetched by reference");
     let log = w.log_text();
     assert!(log.contains("pausing intake") && log.contains("Resuming intake"), "expected pause/resume:\n{log}");
+}
+
+/// An HTTP server on loopback that serves a note's text for any path, each answer `delay` late (one connection
+/// at a time, `Connection: close`): a runner that fetches notes by reference is slowed by a set amount per note.
+struct SlowNotes {
+    port: u16,
+    served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SlowNotes {
+    fn start(delay: Duration) -> SlowNotes {
+        use std::io::{Read, Write};
+        // Bound here and kept: no other process can take the port between choosing it and serving on it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = served.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                std::thread::sleep(delay);
+                let body = "ASSESSMENT AND PLAN: Pneumonia. Started amoxicillin. Denies fever.";
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        SlowNotes { port, served }
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A DocumentReference whose note is only referenced by URL on this server.
+    fn event(&self, id: &str) -> Event {
+        let value = serde_json::to_vec(&serde_json::json!({
+            "resourceType": "DocumentReference",
+            "id": id,
+            "status": "current",
+            "subject": {"reference": "Patient/1"},
+            "content": [{"attachment": {
+                "contentType": "text/plain; charset=utf-8",
+                "url": format!("http://{}/notes/{id}", self.host())
+            }}]
+        }))
+        .unwrap();
+        Event { key: Some(id.to_string()), value, headers: vec![] }
+    }
 }
 
 /// A caught-up worker asks the broker for records at a modest rate, whatever the broker: Apache Kafka holds an
@@ -418,8 +485,12 @@ fn kill_storm(transactions: bool, storm: Storm) {
         }
         None => Vec::new(),
     };
-    let seed = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64;
-    eprintln!("crash test seed {seed}");
+    // CLINSTREAM_TEST_SEED repeats a run's kill timings (the seed each run used is printed).
+    let seed = std::env::var("CLINSTREAM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64);
+    eprintln!("crash test seed {seed} (CLINSTREAM_TEST_SEED={seed} repeats it)");
     let mut rng = seed | 1;
     let mut next = move || {
         rng ^= rng << 13;

@@ -235,9 +235,15 @@ fn the_helm_chart_renders_and_lints() {
     assert!(default.get("error").is_none(), "{default}");
     assert_eq!(default["lint"]["errors"].as_array().map(Vec::len), Some(0), "lint: {}", default["lint"]);
     let m = &default["manifests"];
-    let deployment = m["clinstream/templates/deployment.yaml"].as_str().unwrap();
+    let deployment = m["clinstream/templates/workers.yaml"].as_str().unwrap();
     for expected in [
-        "kind: Deployment",
+        "kind: StatefulSet",
+        "podManagementPolicy: Parallel",
+        "fieldPath: metadata.name",
+        "name: CLINSTREAM__KAFKA__TRANSACTIONAL_ID",
+        "value: \"clinstream-$(POD_NAME)\"",
+        "name: CLINSTREAM__KAFKA__GROUP_INSTANCE_ID",
+        "value: \"$(POD_NAME)\"",
         "runAsNonRoot: true",
         "readOnlyRootFilesystem: true",
         "- ALL",
@@ -266,7 +272,7 @@ fn the_helm_chart_renders_and_lints() {
     .unwrap();
     assert!(gpu.get("error").is_none(), "{gpu}");
     let m = &gpu["manifests"];
-    let deployment = m["clinstream/templates/deployment.yaml"].as_str().unwrap();
+    let deployment = m["clinstream/templates/workers.yaml"].as_str().unwrap();
     for expected in
         ["nvidia.com/gpu: \"1\"", "runtimeClassName: nvidia", "nvidia.com/gpu.present", "NoSchedule", "secretKeyRef"]
     {
@@ -292,7 +298,34 @@ fn the_helm_chart_renders_and_lints() {
     assert!(configmap.contains("CLINSTREAM__EMBED__MODEL_FILE: \"model.onnx\""), "{configmap}");
     assert!(!deployment.contains("replicas:"), "KEDA owns the replica count");
     assert!(m["clinstream/templates/servicemonitor.yaml"].as_str().unwrap().contains("kind: ServiceMonitor"));
-    assert!(m["clinstream/templates/keda.yaml"].as_str().unwrap().contains("kind: ScaledObject"));
+    let keda = m["clinstream/templates/keda.yaml"].as_str().unwrap();
+    assert!(
+        keda.contains("kind: ScaledObject") && keda.contains("kind: StatefulSet"),
+        "KEDA scales the workers: {keda}"
+    );
+    let pods = m["clinstream/templates/service-pods.yaml"].as_str().unwrap();
+    assert!(pods.contains("clusterIP: None"), "the StatefulSet's governing Service is headless: {pods}");
+
+    // The Kafka ids come from the pod's name unless the configuration names them; static membership can be off.
+    let own_ids = helm(serde_json::json!({
+        "config": {"kafka.transactional_id": "fixed"},
+        "kafka": {"staticMembership": false},
+        "autoscaling": {"enabled": true}
+    }))
+    .unwrap();
+    assert!(own_ids.get("error").is_none(), "{own_ids}");
+    let m = &own_ids["manifests"];
+    let workers = m["clinstream/templates/workers.yaml"].as_str().unwrap();
+    assert!(!workers.contains("CLINSTREAM__KAFKA__TRANSACTIONAL_ID"), "config's id wins: {workers}");
+    assert!(!workers.contains("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID"), "static membership off: {workers}");
+    assert!(
+        m["clinstream/templates/configmap.yaml"]
+            .as_str()
+            .unwrap()
+            .contains("CLINSTREAM__KAFKA__TRANSACTIONAL_ID: \"fixed\"")
+    );
+    let hpa = m["clinstream/templates/hpa.yaml"].as_str().unwrap();
+    assert!(hpa.contains("kind: HorizontalPodAutoscaler") && hpa.contains("kind: StatefulSet"), "{hpa}");
 
     // Every CLINSTREAM__ variable the chart can set (ConfigMap and Secret references, all secrets on) must be a
     // setting the worker accepts: an unknown key would stop every pod at start-up.
@@ -317,7 +350,7 @@ fn the_helm_chart_renders_and_lints() {
             env.push((k.to_string(), v.trim_matches('"').to_string()));
         }
     }
-    let deployment = m["clinstream/templates/deployment.yaml"].as_str().unwrap();
+    let deployment = m["clinstream/templates/workers.yaml"].as_str().unwrap();
     let lines: Vec<&str> = deployment.lines().map(str::trim).collect();
     for (i, line) in lines.iter().enumerate() {
         if let Some(name) = line.strip_prefix("- name: CLINSTREAM__") {
@@ -386,7 +419,7 @@ fn the_helm_chart_renders_and_lints() {
     }
     let svc = m["clinstream/templates/query-service.yaml"].as_str().unwrap();
     assert!(svc.contains("kind: Service") && svc.contains("port: 8080") && svc.contains("clinstream-query"), "{svc}");
-    let worker = m["clinstream/templates/deployment.yaml"].as_str().unwrap();
+    let worker = m["clinstream/templates/workers.yaml"].as_str().unwrap();
     let worker_selector = worker.split("selector:").nth(1).unwrap().split("template:").next().unwrap();
     assert!(!worker_selector.contains("query"), "the workers' selector must not match query pods: {worker_selector}");
     let mut env: Vec<(String, String)> = Vec::new();

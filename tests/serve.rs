@@ -340,11 +340,22 @@ async fn serves_context_and_search(s: Settings) {
             .await
             .unwrap();
     assert_eq!(status, 415);
-    let (status, _) =
+    let (status, v) =
         tokio::task::spawn_blocking(move || request(port, "GET", "/v1/context", Some(KEY), "application/json", ""))
             .await
             .unwrap();
     assert_eq!(status, 405);
+    assert_eq!(v["error"]["code"], "method_not_allowed", "the documented error body: {v}");
+    // Data after the JSON object is refused, not ignored.
+    for trailing in ["{\"patient\": \"p1\", \"question\": \"effusion?\"} junk", "{\"query\": \"a\"} {\"query\": \"b\"}"]
+    {
+        let route = if trailing.contains("patient") { "/v1/context" } else { "/v1/search" };
+        let (status, v) = api.post(route, Some(KEY), trailing).await;
+        assert_eq!(status, 400, "{route}: {v}");
+        assert_eq!(v["error"]["message"], "body holds data after the JSON object", "{v}");
+    }
+    let (status, _) = api.post("/v1/search", Some(KEY), "{\"query\": \"effusion\"}  \n").await;
+    assert_eq!(status, 200, "trailing white space is fine");
     let (status, v) =
         tokio::task::spawn_blocking(move || request(port, "POST", "/v2/nothing", Some(KEY), "application/json", "{}"))
             .await
@@ -640,4 +651,62 @@ fn run_then_serve_and_a_worker_serving_while_it_consumes() {
     });
     drop(stdin);
     assert!(child.wait().unwrap().success());
+}
+
+/// While the label index is being built (the first start with a model: a cold `serve.cache_dir`), the service
+/// answers `/v1/context` at once with 503 `not_ready` and `Retry-After` — not after its timeout — and `/v1/search`
+/// (which needs no labels) normally. The build is held at its first progress report, so the request certainly
+/// arrives during it, whatever the machine's speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn context_during_the_label_build_is_503_not_ready_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.serve.cache_dir = dir.path().join("cold-cache").display().to_string();
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await.unwrap());
+    for rec in records() {
+        indexer.index(&Arc::new(pipeline.process(&rec).unwrap())).await.unwrap();
+    }
+    let service = Arc::new(Service::new(&s, pipeline, indexer.embedder().clone(), indexer.store().clone()).unwrap());
+    let readiness = Readiness::default();
+    let (addr, _) =
+        routes::serve(&s.serve.addr, Arc::clone(&service), readiness.clone(), std::future::pending()).await.unwrap();
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (started_tx, release_rx) = (std::sync::Mutex::new(started_tx), std::sync::Mutex::new(release_rx));
+    let building = {
+        let service = Arc::clone(&service);
+        tokio::spawn(async move {
+            let hold = move |done: usize, _total: usize| {
+                if done == 0 {
+                    let _ = started_tx.lock().unwrap().send(());
+                    // Held until the test has asked (or gone): the sender's drop ends the wait.
+                    let _ = release_rx.lock().unwrap().recv();
+                }
+            };
+            let _ = service.reader().prepare_with(&hold).await;
+        })
+    };
+    tokio::task::spawn_blocking(move || started_rx.recv_timeout(Duration::from_secs(120)).expect("the build started"))
+        .await
+        .unwrap();
+    let port = addr.port();
+    let body = json!({"patient": "p1", "question": "Is there a pleural effusion?"}).to_string();
+    let (status, v) =
+        tokio::task::spawn_blocking(move || request(port, "POST", "/v1/context", Some(KEY), "application/json", &body))
+            .await
+            .unwrap();
+    // Queued behind the build it would have waited for serve.timeout_ms and been answered 504 `timeout`.
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "not_ready", "{v}");
+    let search = json!({"query": "effusion", "patient": "p1"}).to_string();
+    let (status, v) = tokio::task::spawn_blocking(move || {
+        request(port, "POST", "/v1/search", Some(KEY), "application/json", &search)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "search needs no label index: {v}");
+    assert_eq!(common::http_get(port, "/readyz").unwrap().0, 503, "not ready while building");
+    drop(release_tx);
+    building.abort();
 }

@@ -65,9 +65,36 @@ pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The context for one question (what `POST /v1/context` answers).
+/// The context for one question (what `POST /v1/context` answers). The first question with a model builds the
+/// label index (about a minute on two CPU cores; cached afterwards): on a terminal a progress bar says so.
 pub async fn context(settings: &Settings, request: &ContextRequest) -> anyhow::Result<ContextResponse> {
-    Ok(reader(settings).await?.context(request).await?)
+    let reader = reader(settings).await?;
+    let bar = label_progress();
+    reader
+        .prepare_with(&|done, total| {
+            if done == 0 {
+                bar.set_length(total as u64);
+                bar.set_message("embedding the concept labels (first question with this model; cached afterwards)");
+            }
+            bar.set_position(done as u64);
+        })
+        .await
+        .context("building the label index")?;
+    bar.finish_and_clear();
+    Ok(reader.context(request).await?)
+}
+
+/// A progress bar on stderr when it is a terminal (hidden otherwise, and until the index needs building).
+fn label_progress() -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg}\n{bar:40} {pos}/{len} labels (eta {eta})") {
+        bar.set_style(style);
+    }
+    bar
 }
 
 /// Text: the answer, the aligned entities, then each window with its provenance; JSON: the API's body.

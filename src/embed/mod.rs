@@ -54,7 +54,7 @@ impl From<String> for EmbedError {
 }
 
 /// What was loaded (for build info, the store's dimension check and payloads).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ModelInfo {
     /// The model's name: the model directory's last component (`all-MiniLM-L6-v2`).
     pub name: String,
@@ -65,6 +65,40 @@ pub struct ModelInfo {
     pub special_tokens: usize,
     /// `cpu` or `cuda`.
     pub provider: &'static str,
+    /// The files the vectors depend on (the model graph, the tokenizer), for [`ModelInfo::digest`].
+    files: Vec<PathBuf>,
+    digest: std::sync::OnceLock<String>,
+}
+
+impl PartialEq for ModelInfo {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.name, self.dim, self.max_tokens, self.special_tokens, self.provider, &self.files)
+            == (&other.name, other.dim, other.max_tokens, other.special_tokens, other.provider, &other.files)
+    }
+}
+
+impl ModelInfo {
+    /// SHA-1 (hex) of what the vectors depend on: the provider kind, the model file's bytes and the tokenizer's.
+    /// Computed on first use (reading the model once); two model files in one directory (fp32, fp16, int8) differ.
+    pub fn digest(&self) -> &str {
+        self.digest.get_or_init(|| {
+            use sha1::Digest as _;
+            let mut h = sha1::Sha1::new();
+            h.update(if self.name == backend::SYNTHETIC { "synthetic" } else { "onnx" });
+            for f in &self.files {
+                h.update(f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+                let Ok(mut file) = std::fs::File::open(f) else {
+                    h.update(b"unreadable");
+                    continue;
+                };
+                let mut buf = vec![0u8; 1 << 20];
+                while let Ok(n @ 1..) = std::io::Read::read(&mut file, &mut buf) {
+                    h.update(&buf[..n]);
+                }
+            }
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        })
+    }
 }
 
 struct Request {
@@ -188,7 +222,17 @@ impl Embedder {
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .unwrap_or_else(|| s.model_dir.clone())
         };
-        let info = Arc::new(ModelInfo { name, dim, max_tokens, special_tokens, provider: model.provider });
+        let files =
+            if synthetic { vec![tokenizer_path.clone()] } else { vec![model_path.clone(), tokenizer_path.clone()] };
+        let info = Arc::new(ModelInfo {
+            name,
+            dim,
+            max_tokens,
+            special_tokens,
+            provider: model.provider,
+            files,
+            digest: std::sync::OnceLock::new(),
+        });
         let (tx, rx) = mpsc::channel(s.queue);
         let batching = Batching::new(s, Duration::from_millis(s.linger_ms));
         let thread = std::thread::Builder::new()
@@ -216,6 +260,12 @@ impl Embedder {
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// [`ModelInfo::digest`] computed off the async threads (the first call reads the model file).
+    pub async fn digest(&self) -> String {
+        let info = Arc::clone(&self.info);
+        tokio::task::spawn_blocking(move || info.digest().to_string()).await.unwrap_or_default()
     }
 
     /// Tokens of `text` without special tokens (what a chunk's budget counts).

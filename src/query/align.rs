@@ -298,17 +298,26 @@ impl LabelIndex {
         &self.texts[i]
     }
 
-    /// A key for the label vectors of one model and one label list (the lexicon version and the variables are in
-    /// the labels): a cache file made under another key is not used.
+    /// A key for the label vectors of one model and one label list: SHA-1 over `model` (the model's digest:
+    /// `ModelInfo::digest`, so fp32, fp16 and int8 files of one model never share vectors) and every label with its
+    /// target (the lexicon's concepts and the variables' labels). Stable across builds and Rust releases; a cache file
+    /// made under another key is not used.
     pub fn cache_key(model: &str, labels: &[(Target, String)]) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        model.hash(&mut h);
+        use sha1::Digest as _;
+        let mut h = sha1::Sha1::new();
+        h.update(model.as_bytes());
+        h.update([0u8]);
         for (t, text) in labels {
-            t.hash(&mut h);
-            text.hash(&mut h);
+            let (kind, n) = match t {
+                Target::Variable(v) => (b'v', *v as u64),
+                Target::Concept(c) => (b'c', u64::from(*c)),
+            };
+            h.update([kind]);
+            h.update(n.to_le_bytes());
+            h.update((text.len() as u64).to_le_bytes());
+            h.update(text.as_bytes());
         }
-        format!("{:016x}", h.finish())
+        h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Reads vectors written by `save` for exactly these labels; `None` when the file is missing or was made for

@@ -20,7 +20,7 @@ use super::align::{self, AlignParams, LabelIndex};
 use super::api::{self, ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 use super::context::{self, ContextParams, PatientNote};
 use super::facts::facts;
-use super::labels::label_index;
+use super::labels::label_index_with;
 use super::windows::fragments;
 use crate::config::Settings;
 use crate::embed::{EmbedError, Embedder};
@@ -68,6 +68,9 @@ pub enum ReadError {
     Store(#[from] StoreError),
     #[error("embedding model: {0}")]
     Embed(#[from] EmbedError),
+    /// The label index is still being built (the service's first start with this model): 503, retry shortly.
+    #[error("the label index is being built")]
+    NotReady,
 }
 
 /// Counts context tokens: the embedding model's tokenizer, or the downstream LLM's `tokenizer.json`.
@@ -83,6 +86,8 @@ pub struct Reader {
     store: Arc<Store>,
     /// Built on first use (`prepare` builds it before the service says it is ready).
     labels: tokio::sync::OnceCell<LabelIndex>,
+    /// True while `prepare` builds the label index.
+    preparing: std::sync::atomic::AtomicBool,
     bm25: qdrant_edge::bm25_embed::EdgeBm25,
     counter: Counter,
     settings: crate::config::ServeSettings,
@@ -120,6 +125,7 @@ impl Reader {
             embedder,
             store,
             labels: tokio::sync::OnceCell::new(),
+            preparing: std::sync::atomic::AtomicBool::new(false),
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,
             counter,
             settings: settings.serve.clone(),
@@ -129,17 +135,37 @@ impl Reader {
     /// Builds (or loads from `serve.cache_dir`) the concept-label embeddings; the first `/v1/context` would
     /// otherwise pay for it.
     pub async fn prepare(&self) -> Result<(), EmbedError> {
-        self.labels().await.map(|_| ())
+        self.prepare_with(&|_, _| {}).await
     }
 
-    async fn labels(&self) -> Result<&LabelIndex, EmbedError> {
-        self.labels
+    /// [`Reader::prepare`], reporting the build's progress (`done`, `total` labels) when the index is not cached.
+    /// While it runs, a `context` request is answered [`ReadError::NotReady`] at once rather than queued behind it.
+    pub async fn prepare_with(&self, progress: &(dyn Fn(usize, usize) + Send + Sync)) -> Result<(), EmbedError> {
+        self.preparing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let built = self
+            .labels
             .get_or_try_init(|| async {
-                let index = label_index(&self.pipeline, &self.embedder, Path::new(&self.settings.cache_dir)).await?;
+                let cache = Path::new(&self.settings.cache_dir);
+                let index = label_index_with(&self.pipeline, &self.embedder, cache, progress).await?;
                 index.prepare_sites(self.pipeline.lexicon(), self.pipeline.variables(), AlignParams::default());
                 Ok(index)
             })
             .await
+            .map(|_| ());
+        self.preparing.store(false, std::sync::atomic::Ordering::SeqCst);
+        built
+    }
+
+    /// The label index: built here on first use, unless a `prepare` is building it (then not ready).
+    async fn labels(&self) -> Result<&LabelIndex, ReadError> {
+        if let Some(index) = self.labels.get() {
+            return Ok(index);
+        }
+        if self.preparing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ReadError::NotReady);
+        }
+        self.prepare().await?;
+        self.labels.get().ok_or(ReadError::NotReady)
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -181,7 +207,7 @@ impl Reader {
     /// `POST /v1/context`.
     pub async fn context(&self, req: &ContextRequest) -> Result<ContextResponse, ReadError> {
         let budget = req.budget_tokens.unwrap_or(self.settings.default_budget_tokens);
-        if budget == 0 || budget > self.settings.max_budget_tokens {
+        if !limits::budget_tokens(&self.settings).contains(&budget) {
             return Err(ReadError::BadRequest(format!(
                 "budget_tokens: must be between 1 and {} (serve.max_budget_tokens)",
                 self.settings.max_budget_tokens
@@ -277,7 +303,7 @@ impl Reader {
     /// `POST /v1/search`.
     pub async fn search(&self, req: &SearchRequest) -> Result<SearchResponse, ReadError> {
         let top = req.top.unwrap_or(10);
-        if top == 0 || top > self.settings.max_top {
+        if !limits::top(&self.settings).contains(&top) {
             return Err(ReadError::BadRequest(format!(
                 "top: must be between 1 and {} (serve.max_top)",
                 self.settings.max_top
@@ -370,4 +396,28 @@ impl Reader {
             until: day("until", until)?,
         })
     }
+}
+
+/// The limits a request is held to, in one place: the checks above use them, and the OpenAPI document states them
+/// (`serve::api::openapi_for`), so the contract says what the server enforces.
+pub mod limits {
+    use std::ops::RangeInclusive;
+
+    use crate::config::ServeSettings;
+
+    /// `budget_tokens` (`serve.max_budget_tokens`).
+    pub fn budget_tokens(s: &ServeSettings) -> RangeInclusive<usize> {
+        1..=s.max_budget_tokens
+    }
+
+    /// `top` of `/v1/search` (`serve.max_top`).
+    pub fn top(s: &ServeSettings) -> RangeInclusive<usize> {
+        1..=s.max_top
+    }
+
+    /// Text that must hold something besides white space (`patient`, `question`, `query`; they are trimmed).
+    pub const NOT_BLANK: &str = "\\S";
+
+    /// A day as `since`/`until` take it (`store::day`): `YYYY-MM-DD`, alone or starting a date-time.
+    pub const DAY: &str = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
 }

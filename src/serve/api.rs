@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 pub use crate::query::api::*;
+use crate::query::reader::limits;
 
 /// Every error body: `{"error": {"code", "message"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -16,15 +17,48 @@ pub struct ErrorBody {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorDetail {
-    /// `bad_request`, `unauthorized`, `payload_too_large`, `unsupported_media_type`, `store_unavailable`,
+    /// `bad_request`, `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_ready`, `store_unavailable`,
     /// `store_failed`, `embed_failed`, `timeout`, `not_found`, `method_not_allowed`.
     pub code: String,
     /// Names the field or limit; never echoes request values.
     pub message: String,
 }
 
-/// The OpenAPI 3.0 document of the service, generated from these types.
+/// The OpenAPI 3.0 document of the service with the built-in limits (`serve.*` defaults): docs/openapi.json.
 pub fn openapi() -> Value {
+    let defaults =
+        crate::config::Settings::load_from(None, Some(Default::default())).expect("the built-in configuration loads");
+    openapi_for(&defaults.serve)
+}
+
+/// The OpenAPI 3.0 document of the service, generated from these types, with the limits the server enforces
+/// (`query::reader::limits`: the budget and `top` ranges of these settings, text that may not be blank, days) stated
+/// on the fields they hold for.
+pub fn openapi_for(settings: &crate::config::ServeSettings) -> Value {
+    let mut doc = openapi_types();
+    let schemas = &mut doc["components"]["schemas"];
+    let (budget, top) = (limits::budget_tokens(settings), limits::top(settings));
+    let mut set = |schema: &str, field: &str, rules: Value| {
+        if let (Some(property), Some(rules)) = (schemas[schema]["properties"][field].as_object_mut(), rules.as_object())
+        {
+            property.extend(rules.clone());
+        }
+    };
+    set("ContextRequest", "budget_tokens", json!({"minimum": budget.start(), "maximum": budget.end()}));
+    set("SearchRequest", "top", json!({"minimum": top.start(), "maximum": top.end()}));
+    for (schema, field) in [("ContextRequest", "patient"), ("ContextRequest", "question"), ("SearchRequest", "query")] {
+        set(schema, field, json!({"minLength": 1, "pattern": limits::NOT_BLANK}));
+    }
+    set("SearchRequest", "patient", json!({"minLength": 1, "pattern": limits::NOT_BLANK}));
+    for schema in ["ContextRequest", "SearchRequest"] {
+        for field in ["since", "until"] {
+            set(schema, field, json!({"pattern": limits::DAY}));
+        }
+    }
+    doc
+}
+
+fn openapi_types() -> Value {
     let mut generator = schemars::r#gen::SchemaSettings::openapi3().into_generator();
     // Each body type (and what it refers to) lands in the generator's definitions: `#/components/schemas/…`.
     generator.subschema_for::<ContextRequest>();
@@ -48,6 +82,7 @@ pub fn openapi() -> Value {
                 "400": error("Malformed request, unknown field, or a value past a limit"),
                 "401": error("No or unknown bearer token"),
                 "413": error("Body larger than serve.max_body_bytes"),
+                "405": error("Not POST"),
                 "415": error("Body is not application/json"),
                 "503": error("Vector store unavailable (retry later)"),
                 "504": error("Not answered within serve.timeout_ms"),

@@ -79,6 +79,11 @@ impl IntoResponse for ReadError {
                 tracing::warn!(error = %self, "A query-service request failed in the embedding model.");
                 error(StatusCode::INTERNAL_SERVER_ERROR, "embed_failed", "the embedding model failed")
             }
+            ReadError::NotReady => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                "the service is building its label index (first start with this model); retry shortly",
+            ),
         }
     }
 }
@@ -133,7 +138,7 @@ fn decode<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, Re
         ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let why = match inner.classify() {
@@ -155,7 +160,10 @@ fn decode<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, Re
         };
         let at = if path == "." || path.is_empty() { String::new() } else { format!("{path}: ") };
         (StatusCode::BAD_REQUEST, "bad_request", format!("{at}{why}"))
-    })
+    })?;
+    // One JSON object and nothing after it (white space aside): `{...} junk` or a second object is refused.
+    de.end().map_err(|_| (StatusCode::BAD_REQUEST, "bad_request", "body holds data after the JSON object".into()))?;
+    Ok(value)
 }
 
 /// Runs a request under the concurrency limit and the timeout, counting and timing it.
@@ -227,6 +235,13 @@ async fn search(
     answer(&api, "search", headers, body, |s, r: SearchRequest| async move { s.reader().search(&r).await }).await
 }
 
+/// Another method than POST on a `/v1` route: the documented error body, `Allow: POST`, and counted.
+async fn method_not_allowed() -> Response {
+    let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use POST");
+    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+    count("other", r)
+}
+
 async fn not_found() -> Response {
     count("other", error(StatusCode::NOT_FOUND, "not_found", "no such route (POST /v1/context, POST /v1/search)"))
 }
@@ -242,8 +257,8 @@ pub fn router(service: Arc<Service>, readiness: Readiness) -> Router {
         service: service.clone(),
     };
     let v1 = Router::new()
-        .route("/v1/context", post(context))
-        .route("/v1/search", post(search))
+        .route("/v1/context", post(context).fallback(method_not_allowed))
+        .route("/v1/search", post(search).fallback(method_not_allowed))
         .layer(DefaultBodyLimit::max(s.max_body_bytes))
         .route_layer(middleware::from_fn_with_state(api.clone(), authenticate))
         .with_state(api);
