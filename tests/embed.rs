@@ -1091,7 +1091,8 @@ async fn eval_qa_on_a_small_record_set() {
     std::fs::write(&questions_path, questions.join("\n").replace("qd-a", "a").replace("qd-b", "b")).unwrap();
     let pipeline = Pipeline::new(&s).unwrap();
     let embedder = Embedder::start_async(&s.embed).await.unwrap();
-    let strategies: Vec<String> = ["clear", "clear-windows", "dense", "bm25", "hybrid"].map(String::from).to_vec();
+    let strategies: Vec<String> =
+        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf"].map(String::from).to_vec();
     let cache = dir.path().join("cache");
     let run = clinstream::eval::qa::QaRun {
         documents: &documents,
@@ -1102,6 +1103,7 @@ async fn eval_qa_on_a_small_record_set() {
         label_cache: &cache,
         show_errors: false,
         chunker: None,
+        dense_weight: s.store.dense_weight,
     };
     let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
     assert_eq!((r.documents, r.patients), (4, 2));
@@ -1111,6 +1113,18 @@ async fn eval_qa_on_a_small_record_set() {
         assert_eq!(st.isolation_violations, 0, "{st:?}");
         assert!(st.max_tokens <= 64 && st.over_budget == 0, "{st:?}");
     }
+    // Ranked figures for the chunk strategies only, each a share, Hit@k growing with k; MRR within Hit@1..Hit@10.
+    for st in &r.strategies {
+        if st.strategy.starts_with("clear") {
+            assert!(st.hit_at_1.is_none() && st.mrr.is_none(), "{st:?}");
+            continue;
+        }
+        let (h1, h5, h10, mrr) = (st.hit_at_1.unwrap(), st.hit_at_5.unwrap(), st.hit_at_10.unwrap(), st.mrr.unwrap());
+        assert!((0.0..=1.0).contains(&h1) && h1 <= h5 && h5 <= h10 && h10 <= 1.0, "{st:?}");
+        assert!(mrr >= h1 && mrr <= 1.0, "{st:?}");
+    }
+    let dense = r.strategies.iter().find(|st| st.strategy == "dense").unwrap();
+    assert_eq!(dense.hit_at_10, Some(1.0), "the evidence is among these short notes' few chunks: {dense:?}");
     let clear = &r.strategies[0];
     assert_eq!(clear.strategy, "clear");
     assert_eq!(clear.unaligned, 0);

@@ -39,7 +39,7 @@ enum Command {
     /// Process DocumentReference events: from files, directories or stdin into DIR (--input), or from Kafka
     /// into the output topics (no --input, `kafka.enabled = true`; runs until SIGTERM/SIGINT).
     Run(run::Args),
-    /// Search the indexed chunks (dense + BM25 fused by RRF) in the configured store — by default the embedded
+    /// Search the indexed chunks (dense + BM25 fused by score) in the configured store — by default the embedded
     /// store that `clinstream run` writes (`store.path`, relative to the working directory).
     Search(search::Args),
     /// Serve the query API (`POST /v1/context`, `POST /v1/search`, /metrics, /healthz, /readyz) on `serve.addr`

@@ -1,5 +1,5 @@
 //! `clinstream search`: embeds the query with the configured model, asks the configured store for dense and BM25
-//! candidates fused by RRF (optionally filtered by patient and section), and prints what was indexed — so a user
+//! candidates fused by score (optionally filtered by patient and section), and prints what was indexed — so a user
 //! can see what `clinstream run` stored. It prints note text (the user asked for it); logs never do.
 
 use std::fmt::Write;

@@ -7,7 +7,9 @@
 //! * `dense`, `bm25`, `hybrid` — chunk retrieval over the patient's notes (sentence-packed chunks of about
 //!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
 //!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
-//!   statistics, and the two fused by reciprocal rank, k = 60), chunks taken best first while they fit the budget. Their answer
+//!   statistics, and the two fused by their scaled scores as the store fuses them (`store::fuse_by_score`,
+//!   `store.dense_weight`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken best first while they fit the
+//!   budget. Ranked figures for these: Hit@1/5/10 and MRR of the first evidence-bearing chunk. Their answer
 //!   comes from the same vote over the aligned entities' mentions inside the returned chunks, so the strategies
 //!   differ only in the context they return.
 //!
@@ -57,6 +59,12 @@ pub struct StrategyReport {
     pub accuracy_by_variable: BTreeMap<String, f64>,
     /// CLEAR only: questions where nothing aligned.
     pub unaligned: usize,
+    /// Chunk strategies: of the questions with evidence, the share whose first evidence-bearing chunk ranks within
+    /// the top 1, 5 and 10 of the patient's chunks, and the mean reciprocal rank of that chunk (0 when none).
+    pub hit_at_1: Option<f64>,
+    pub hit_at_5: Option<f64>,
+    pub hit_at_10: Option<f64>,
+    pub mrr: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,12 +98,23 @@ pub struct QaRun<'a> {
     pub show_errors: bool,
     /// The indexer's chunker for the chunk strategies (`--chunks index`); `None`: word-packed chunks.
     pub chunker: Option<&'a crate::index::Chunker>,
+    /// `hybrid`: the dense share of the fused score (`store.dense_weight`).
+    pub dense_weight: f32,
 }
 
 /// Runs the evaluation.
 pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> Result<QaReport, EvalError> {
-    let QaRun { documents, questions, budget_tokens, window_words, strategies, label_cache, show_errors, chunker } =
-        *run;
+    let QaRun {
+        documents,
+        questions,
+        budget_tokens,
+        window_words,
+        strategies,
+        label_cache,
+        show_errors,
+        chunker,
+        dense_weight,
+    } = *run;
     let read =
         |p: &Path| std::fs::read_to_string(p).map_err(|source| EvalError::Io { path: p.display().to_string(), source });
     let fmt = |p: &Path, why: String| EvalError::Format { path: p.display().to_string(), why };
@@ -155,6 +174,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
 
     let mut reports: Vec<StrategyReport> =
         strategies.iter().map(|s| StrategyReport { strategy: s.clone(), ..Default::default() }).collect();
+    // Chunk strategies: per question with evidence, the rank (from 0) of the first evidence-bearing chunk.
+    let mut ranks: Vec<Vec<Option<usize>>> = vec![Vec::new(); strategies.len()];
     let mut correct_by: Vec<BTreeMap<String, (usize, usize)>> = vec![BTreeMap::new(); reports.len()];
     let mut tokens_sum = vec![0usize; reports.len()];
     for q in &questions {
@@ -227,24 +248,55 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     let candidates: Vec<usize> =
                         own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
                     let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
-                    let dense_rank = || {
+                    let dense_scored = || {
                         let mut r: Vec<(usize, f32)> =
                             candidates.iter().map(|&c| (c, cosine(&qv, &chunk_vectors[c]))).collect();
                         r.sort_by(|a, b| b.1.total_cmp(&a.1));
-                        r.into_iter().map(|x| x.0).collect::<Vec<_>>()
+                        r
                     };
-                    let bm25_rank = || {
+                    let bm25_scored = || {
                         let b = bm25.as_ref().expect("bm25 built");
                         let terms = Bm25::terms(&q.question);
-                        let mut r: Vec<(usize, f32)> = candidates.iter().map(|&c| (c, b.score(c, &terms))).collect();
+                        // Chunks sharing no term with the question are not BM25 candidates (as in the store).
+                        let mut r: Vec<(usize, f32)> =
+                            candidates.iter().map(|&c| (c, b.score(c, &terms))).filter(|&(_, s)| s > 0.0).collect();
                         r.sort_by(|a, b| b.1.total_cmp(&a.1));
-                        r.into_iter().map(|x| x.0).collect::<Vec<_>>()
+                        r
+                    };
+                    let ids = |r: Vec<(usize, f32)>| r.into_iter().map(|x| x.0).collect::<Vec<_>>();
+                    let as_hits = |r: Vec<(usize, f32)>| {
+                        r.into_iter()
+                            .map(|(c, score)| crate::store::Hit {
+                                id: c.to_string(),
+                                score,
+                                payload: Default::default(),
+                            })
+                            .collect::<Vec<_>>()
                     };
                     let ranked = match other {
-                        "dense" => dense_rank(),
-                        "bm25" => bm25_rank(),
-                        _ => rrf(&[dense_rank(), bm25_rank()]),
+                        "dense" => ids(dense_scored()),
+                        "bm25" => ids(bm25_scored()),
+                        "hybrid-rrf" => rrf(&[ids(dense_scored()), ids(bm25_scored())]),
+                        // `hybrid`, or `hybrid@W` with its own dense weight (to compare weights in one run).
+                        _ => crate::store::fuse_by_score(
+                            as_hits(dense_scored()),
+                            as_hits(bm25_scored()),
+                            other.strip_prefix("hybrid@").and_then(|w| w.parse().ok()).unwrap_or(dense_weight),
+                            usize::MAX,
+                        )
+                        .into_iter()
+                        .filter_map(|h| h.id.parse().ok())
+                        .collect(),
                     };
+                    if !q.evidence.is_empty() {
+                        let evidence: Vec<String> = q.evidence.iter().map(|e| squeeze(e)).collect();
+                        let first = ranked.iter().position(|&c| {
+                            let ch = &chunks[c];
+                            let text = squeeze(&docs[ch.doc].note.text[ch.start..ch.end]);
+                            evidence.iter().any(|e| text.contains(e.as_str()))
+                        });
+                        ranks[si].push(first);
+                    }
                     let mut remaining = budget_tokens;
                     let mut chosen = Vec::new();
                     for c in ranked {
@@ -328,6 +380,14 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         r.mean_tokens = tokens_sum[si] as f64 / r.questions.max(1) as f64;
         r.accuracy_by_variable =
             correct_by[si].iter().map(|(k, (c, n))| (k.clone(), *c as f64 / (*n).max(1) as f64)).collect();
+        if !ranks[si].is_empty() {
+            let n = ranks[si].len() as f64;
+            let within = |k: usize| ranks[si].iter().filter(|r| r.is_some_and(|r| r < k)).count() as f64 / n;
+            r.hit_at_1 = Some(within(1));
+            r.hit_at_5 = Some(within(5));
+            r.hit_at_10 = Some(within(10));
+            r.mrr = Some(ranks[si].iter().map(|r| r.map_or(0.0, |r| 1.0 / (r + 1) as f64)).sum::<f64>() / n);
+        }
     }
     Ok(QaReport { documents: docs.len(), patients: by_patient.len(), budget_tokens, window_words, strategies: reports })
 }

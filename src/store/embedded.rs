@@ -12,7 +12,7 @@
 //!
 //! **Reads** run on the blocking pool and ask every shard: counts add up, scrolls and retrievals concatenate, and
 //! a hybrid search ranks each vector across all shards (dense by cosine, sparse by BM25 score) before fusing the
-//! two rankings by RRF (`rrf`, k = 60, as the engine does within one shard), so a multi-shard store answers as one.
+//! two rankings by score (`store::fuse_by_score`, as the server store does), so a multi-shard store answers as one.
 //!
 //! The engine runs no optimizers of its own (a server does, in the background): after `store.maintain_every`
 //! points written or deleted in a shard, and at least half as many as the shard held at its last maintenance, one
@@ -42,6 +42,8 @@ pub struct EmbeddedStore {
     shards: Vec<Shard>,
     batch: usize,
     maintain_every: u64,
+    /// Hybrid search: the dense share of the fused score (`store.dense_weight`).
+    dense_weight: f32,
 }
 
 /// A task for a shard's writer thread.
@@ -91,29 +93,6 @@ pub fn shard_of(doc_id: &str, shards: usize) -> usize {
 /// The document a point belongs to (every point the indexer writes carries `doc_id`).
 fn doc_of(p: &Point) -> &str {
     p.payload.get("doc_id").and_then(Value::as_str).unwrap_or("")
-}
-
-/// Reciprocal rank fusion of rankings (best first), as Qdrant computes it: each list adds `1 / (k + position)`
-/// (position from 0) to a point's score; the fused list is sorted by that score, best first, ties by first
-/// appearance. Pure (tested below).
-pub fn rrf(rankings: Vec<Vec<Hit>>, k: usize) -> Vec<Hit> {
-    let mut fused: Vec<Hit> = Vec::new();
-    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for ranking in rankings {
-        for (pos, mut hit) in ranking.into_iter().enumerate() {
-            let score = 1.0 / (k + pos) as f32;
-            match at.get(&hit.id) {
-                Some(&i) => fused[i].score += score,
-                None => {
-                    at.insert(hit.id.clone(), fused.len());
-                    hit.score = score;
-                    fused.push(hit);
-                }
-            }
-        }
-    }
-    fused.sort_by(|a, b| b.score.total_cmp(&a.score));
-    fused
 }
 
 /// Hits of several shards merged by score, best first, at most `top`.
@@ -433,7 +412,12 @@ impl EmbeddedStore {
                     .map_err(|e| StoreError::fatal(format!("could not write {}: {e}", file.display())))?;
             }
         }
-        Ok(EmbeddedStore { shards, batch: s.upsert_batch.max(1), maintain_every: s.maintain_every })
+        Ok(EmbeddedStore {
+            shards,
+            batch: s.upsert_batch.max(1),
+            maintain_every: s.maintain_every,
+            dense_weight: s.dense_weight,
+        })
     }
 
     /// Shards in the store.
@@ -557,26 +541,13 @@ impl EmbeddedStore {
             // Dense only: one ranking, no fusion.
             return Ok(merge_by_score(self.query_all(ranked(dense, q.top)).await?, q.top));
         }
-        if self.shards.len() == 1 {
-            let prefetch = |query: ScoringQuery| {
-                let mut p = qdrant_edge::PrefetchBuilder::new(candidates).query(query);
-                if let Some(f) = &filter {
-                    p = p.filter(f.clone());
-                }
-                p.build()
-            };
-            let mut request = QueryRequest::new(q.top);
-            request.prefetches = vec![prefetch(dense), prefetch(sparse)];
-            request.query = Some(ScoringQuery::Fusion(qdrant_edge::Fusion::Rrf { k: 60, weights: None }));
-            request.with_payload = with_payload;
-            return self.query_all(request).await.map(|mut l| l.pop().unwrap_or_default());
-        }
-        // Several shards: each vector's candidates ranked across all of them, then fused.
-        let dense_hits = merge_by_score(self.query_all(ranked(dense, candidates)).await?, candidates);
-        let sparse_hits = merge_by_score(self.query_all(ranked(sparse, candidates)).await?, candidates);
-        let mut fused = rrf(vec![dense_hits, sparse_hits], 60);
-        fused.truncate(q.top);
-        Ok(fused)
+        // Hybrid: each vector's candidates ranked across every shard, then fused by score (`fuse_by_score`), as
+        // the server store fuses them.
+        let (dense_hits, sparse_hits) =
+            tokio::join!(self.query_all(ranked(dense, candidates)), self.query_all(ranked(sparse, candidates)));
+        let dense_hits = merge_by_score(dense_hits?, candidates);
+        let sparse_hits = merge_by_score(sparse_hits?, candidates);
+        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.dense_weight, q.top))
     }
 
     /// The same query in every shard.
@@ -723,17 +694,6 @@ mod tests {
         }
         // Each of four shards gets roughly a quarter.
         assert!(seen.iter().all(|&n| (800..1200).contains(&n)), "{seen:?}");
-    }
-
-    #[test]
-    fn rrf_fuses_as_the_engine_does() {
-        // Qdrant: a point at position p (from 0) of a ranking adds 1 / (k + p).
-        let fused = rrf(vec![vec![hit("a", 0.9), hit("b", 0.8)], vec![hit("b", 7.0), hit("c", 3.0)]], 60);
-        let ids: Vec<&str> = fused.iter().map(|h| h.id.as_str()).collect();
-        assert_eq!(ids, ["b", "a", "c"]);
-        assert!((fused[0].score - (1.0 / 61.0 + 1.0 / 60.0)).abs() < 1e-7);
-        assert!((fused[1].score - 1.0 / 60.0).abs() < 1e-7);
-        assert!((fused[2].score - 1.0 / 61.0).abs() < 1e-7);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The vector store: chunk points (a named dense vector, a BM25 sparse vector, a payload) in Qdrant — the engine
 //! in-process (`embedded`, the default, `qdrant-edge`) or a server (`qdrant`, gRPC via `qdrant-client`). Both
-//! take the same points with the same ids and payload and answer the same hybrid query (dense and sparse
-//! prefetches fused by RRF), so what `clinstream search` shows does not depend on where it was stored.
+//! take the same points with the same ids and payload and answer the same hybrid query (dense and BM25 candidates
+//! fused by their scaled scores, `fuse_by_score`), so what `clinstream search` shows does not depend on where it
+//! was stored.
 //!
 //! Ids are deterministic (`point_id`: UUIDv5 of document id, version and chunk index), so a replay overwrites
 //! rather than duplicates. A newer version of a document, `entered-in-error`, or `relatesTo.replaces` removes the
@@ -364,9 +365,83 @@ pub(crate) fn except_filter(doc_ids: &[&str], keep: &[uuid::Uuid]) -> Value {
     })
 }
 
+/// Fuses a dense and a sparse ranking of the same query by their scores: a hit scores
+/// `dense_weight × cosine + (1 − dense_weight) × bm25 / best bm25` (each 0 for a list it is not in), best first, ties
+/// by the rank in the heavier list, then in the other; at most `top`. Cosines are comparable across queries and
+/// lists as they are; BM25 scores are not, so they are scaled by the list's best. Unlike reciprocal rank fusion it
+/// keeps how far apart the scores are, so a weak BM25 match cannot outrank a strong dense one on rank alone, and
+/// an exact term match still counts when the dense scores are close. `dense_weight` 1 is dense alone, 0 BM25 alone.
+/// Pure (tested below).
+pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, dense_weight: f32, top: usize) -> Vec<Hit> {
+    let w = dense_weight.clamp(0.0, 1.0);
+    let best = sparse.iter().map(|h| h.score).fold(0.0f32, f32::max);
+    let ds: Vec<f32> = dense.iter().map(|h| h.score).collect();
+    let ss: Vec<f32> = sparse.iter().map(|h| if best > 0.0 { h.score / best } else { 0.0 }).collect();
+    // (hit, fused score, dense rank, sparse rank)
+    let mut fused: Vec<(Hit, f32, usize, usize)> = Vec::with_capacity(dense.len() + sparse.len());
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (rank, (h, s)) in dense.into_iter().zip(ds).enumerate() {
+        at.insert(h.id.clone(), fused.len());
+        fused.push((h, w * s, rank, usize::MAX));
+    }
+    for (rank, (h, s)) in sparse.into_iter().zip(ss).enumerate() {
+        match at.get(&h.id) {
+            Some(&i) => {
+                fused[i].1 += (1.0 - w) * s;
+                fused[i].3 = rank;
+            }
+            None => {
+                at.insert(h.id.clone(), fused.len());
+                fused.push((h, (1.0 - w) * s, usize::MAX, rank));
+            }
+        }
+    }
+    // Ties (e.g. a list's weakest hit and a hit absent from it, both 0) go by the heavier list's rank first.
+    let by_dense = w >= 0.5;
+    fused.sort_by(|a, b| {
+        let (first, second) = if by_dense { ((a.2, b.2), (a.3, b.3)) } else { ((a.3, b.3), (a.2, b.2)) };
+        b.1.total_cmp(&a.1).then(first.0.cmp(&first.1)).then(second.0.cmp(&second.1))
+    });
+    fused.truncate(top);
+    fused
+        .into_iter()
+        .map(|(mut h, score, _, _)| {
+            h.score = score;
+            h
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hit(id: &str, score: f32) -> Hit {
+        Hit { id: id.into(), score, payload: Default::default() }
+    }
+
+    #[test]
+    fn fusion_by_score_keeps_how_far_apart_the_scores_are() {
+        let ids = |v: Vec<Hit>| v.into_iter().map(|h| h.id).collect::<Vec<_>>();
+        // Dense: a is far better than b; BM25 barely prefers b. RRF would tie them; score fusion keeps a first.
+        let dense = vec![hit("a", 0.9), hit("b", 0.3), hit("c", 0.1)];
+        let sparse = vec![hit("b", 5.0), hit("a", 4.9), hit("d", 1.0)];
+        assert_eq!(ids(fuse_by_score(dense.clone(), sparse.clone(), 0.5, 10)), ["a", "b", "d", "c"].map(String::from));
+        // Weight 1 is the dense ranking, weight 0 the BM25 one (hits of the other list after, in their order).
+        assert_eq!(ids(fuse_by_score(dense.clone(), sparse.clone(), 1.0, 4)), ["a", "b", "c", "d"].map(String::from));
+        assert_eq!(ids(fuse_by_score(dense.clone(), sparse.clone(), 0.0, 4)), ["b", "a", "d", "c"].map(String::from));
+        // Close cosines: the exact term match decides (a record of a few chunks, where dense alone guesses).
+        let close = vec![hit("hpi", 0.55), hit("plan", 0.52)];
+        let term = vec![hit("plan", 3.0)];
+        assert_eq!(ids(fuse_by_score(close, term, 0.8, 1)), ["plan"]);
+        // Fused scores, best first, at most `top`; no BM25 hit leaves the dense order and scores scaled by weight.
+        let f = fuse_by_score(dense.clone(), sparse, 0.7, 2);
+        assert_eq!(f.len(), 2);
+        assert!(f[0].score >= f[1].score && f[0].score <= 1.0);
+        let alone = fuse_by_score(dense, Vec::new(), 0.5, 10);
+        assert_eq!(ids(alone.clone()), ["a", "b", "c"].map(String::from));
+        assert_eq!(alone[0].score, 0.45);
+    }
 
     #[test]
     fn point_ids_are_deterministic_and_distinct() {

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use qdrant_client::qdrant::{
     Condition, CountPointsBuilder, CreateAliasBuilder, CreateCollectionBuilder, CreateFieldIndexCollectionBuilder,
-    DeletePointsBuilder, Distance, FieldType, Filter, Fusion, HnswConfigDiffBuilder, Modifier, PayloadIncludeSelector,
-    PointStruct, PrefetchQueryBuilder, QuantizationSearchParamsBuilder, Query as QQuery, QueryPointsBuilder,
-    ScalarQuantizationBuilder, SearchParamsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder,
-    UpsertPointsBuilder, VectorParamsBuilder, VectorsConfigBuilder, point_id::PointIdOptions, vectors_config,
+    DeletePointsBuilder, Distance, FieldType, Filter, HnswConfigDiffBuilder, Modifier, PayloadIncludeSelector,
+    PointStruct, QuantizationSearchParamsBuilder, Query as QQuery, QueryPointsBuilder, ScalarQuantizationBuilder,
+    SearchParamsBuilder, SparseVectorParamsBuilder, SparseVectorsConfigBuilder, UpsertPointsBuilder,
+    VectorParamsBuilder, VectorsConfigBuilder, point_id::PointIdOptions, vectors_config,
     with_payload_selector::SelectorOptions,
 };
 use qdrant_client::{Payload, Qdrant, QdrantError};
@@ -29,6 +29,8 @@ pub struct ServerStore {
     /// With int8 vectors: rescore twice the candidates at full precision (`make bench`: recall@10 0.977 at
     /// oversampling 1, 0.996 at 2 — that of full-precision HNSW).
     int8: bool,
+    /// Hybrid search: the dense share of the fused score (`store.dense_weight`).
+    dense_weight: f32,
 }
 
 /// Oversampling of quantized candidates in hybrid search (see `ServerStore::int8`).
@@ -141,8 +143,13 @@ impl ServerStore {
         let client = builder.build().map_err(|e| classify("connect", e))?;
         let Some(dim) = dim else {
             let name = if s.alias.is_empty() { &s.collection } else { &s.alias };
-            let store =
-                ServerStore { client, collection: name.clone(), batch: s.upsert_batch, int8: s.quantization == "int8" };
+            let store = ServerStore {
+                client,
+                collection: name.clone(),
+                batch: s.upsert_batch,
+                int8: s.quantization == "int8",
+                dense_weight: s.dense_weight,
+            };
             // Resolves aliases too: a missing collection is a clear error, not an empty answer later.
             store.client.collection_info(name).await.map_err(|e| match classify("collection_info", e) {
                 StoreError::Failed(_) => {
@@ -157,6 +164,7 @@ impl ServerStore {
             collection: s.collection.clone(),
             batch: s.upsert_batch,
             int8: s.quantization == "int8",
+            dense_weight: s.dense_weight,
         };
         let exists =
             store.client.collection_exists(&store.collection).await.map_err(|e| classify("collection_exists", e))?;
@@ -357,29 +365,31 @@ impl ServerStore {
             let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
             return Ok(found.result.into_iter().map(hit).collect());
         }
+        // Hybrid: the dense and the BM25 candidates, asked together, fused here by score (`fuse_by_score`), as
+        // the embedded store fuses them.
         let candidates = (q.top * 4).max(20) as u64;
-        let mut dense =
-            PrefetchQueryBuilder::default().query(QQuery::new_nearest(q.dense.clone())).using(DENSE).limit(candidates);
+        let mut dense = QueryPointsBuilder::new(&self.collection)
+            .query(QQuery::new_nearest(q.dense.clone()))
+            .using(DENSE)
+            .limit(candidates)
+            .with_payload(payload.clone());
         if let Some(p) = int8 {
             dense = dense.params(p);
         }
-        if let Some(f) = &filter {
-            dense = dense.filter(f.clone());
-        }
-        let mut request = QueryPointsBuilder::new(&self.collection)
-            .add_prefetch(dense)
-            .query(QQuery::new_fusion(Fusion::Rrf))
-            .limit(q.top as u64)
-            .with_payload(payload);
         let input = qdrant_client::qdrant::VectorInput::new_sparse(q.sparse.indices.clone(), q.sparse.values.clone());
-        let mut sparse =
-            PrefetchQueryBuilder::default().query(QQuery::new_nearest(input)).using(SPARSE).limit(candidates);
-        if let Some(f) = &filter {
-            sparse = sparse.filter(f.clone());
+        let mut sparse = QueryPointsBuilder::new(&self.collection)
+            .query(QQuery::new_nearest(input))
+            .using(SPARSE)
+            .limit(candidates)
+            .with_payload(payload);
+        if let Some(f) = filter {
+            dense = dense.filter(f.clone());
+            sparse = sparse.filter(f);
         }
-        request = request.add_prefetch(sparse);
-        let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
-        Ok(found.result.into_iter().map(hit).collect())
+        let (dense, sparse) = tokio::join!(self.client.query(dense), self.client.query(sparse));
+        let dense = dense.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
+        let sparse = sparse.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
+        Ok(super::fuse_by_score(dense, sparse, self.dense_weight, q.top))
     }
 
     /// The ids of the `top` nearest points by the dense vector alone, searched as `how` says (the quantization

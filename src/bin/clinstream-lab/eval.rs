@@ -48,7 +48,8 @@ pub enum EvalCommand {
         #[arg(long, default_value_t = 1024)]
         budget: usize,
         /// Comma-separated: clear (windows, then the nearest chunks in what they leave of the budget: what `serve`
-        /// answers by default), clear-windows (the windows only), dense, bm25, hybrid.
+        /// answers by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
+        /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
@@ -132,8 +133,11 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
                 anyhow::ensure!(
-                    ["clear", "clear-windows", "dense", "bm25", "hybrid"].contains(&s.as_str()),
-                    "unknown strategy `{s}` (clear, clear-windows, dense, bm25, hybrid)"
+                    ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf"].contains(&s.as_str())
+                        || s.strip_prefix("hybrid@")
+                            .and_then(|w| w.parse::<f32>().ok())
+                            .is_some_and(|w| (0.0..=1.0).contains(&w)),
+                    "unknown strategy `{s}` (clear, clear-windows, dense, bm25, hybrid, hybrid@WEIGHT, hybrid-rrf)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -156,6 +160,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     label_cache: &cache_dir,
                     show_errors,
                     chunker: chunker.as_ref(),
+                    dense_weight: settings.store.dense_weight,
                 };
                 clinstream::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
             })?;
@@ -178,7 +183,13 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                         if s.strategy.starts_with("clear") {
                             format!("  unaligned {}", s.unaligned)
                         } else {
-                            String::new()
+                            format!(
+                                "  Hit@1 {:.3} Hit@5 {:.3} Hit@10 {:.3} MRR {:.3}",
+                                s.hit_at_1.unwrap_or(0.0),
+                                s.hit_at_5.unwrap_or(0.0),
+                                s.hit_at_10.unwrap_or(0.0),
+                                s.mrr.unwrap_or(0.0)
+                            )
                         }
                     );
                 }
