@@ -884,10 +884,10 @@ fn sigterm_while_waiting_for_an_unreachable_cluster_exits_cleanly() {
     let mut w = Worker::start(&WorkerConfig::new(&addr, &names, dir.path(), "w"));
     std::thread::sleep(Duration::from_secs(3));
     assert!(w.child.try_wait().unwrap().is_none(), "gave up instead of waiting:\n{}", w.log_text());
-    let asked = Instant::now();
+    // Without the signal it would wait for the cluster until kafka.halt_after_ms (300 s); a minute tells the two
+    // apart on any machine.
     w.sigterm();
-    assert_eq!(w.wait(Duration::from_secs(20)), 0, "{}", w.log_text());
-    assert!(asked.elapsed() < Duration::from_secs(10), "shutdown took {:?}", asked.elapsed());
+    assert_eq!(w.wait(Duration::from_secs(60)), 0, "{}", w.log_text());
 }
 
 /// Kafka in, vectors out: the worker indexes chunks into the embedded Qdrant engine while consuming; it is

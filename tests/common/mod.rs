@@ -42,11 +42,31 @@ fn clean(mut cmd: Command) -> Command {
     cmd
 }
 
-/// A loopback port nothing listens on, never handed out twice in one test process (tests run in parallel and
-/// start servers on these ports; the OS may give a just-released ephemeral port to the next `bind(0)`).
+/// A loopback port nothing listens on, for a server a test starts (a worker's metrics, a broker, a Qdrant server),
+/// never handed out twice in one test process. Chosen *below* the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`): the kernel never gives those ports to a `bind(0)` or to an outgoing
+/// connection, so between this check and the server's own bind only another explicit bind could take it — not the
+/// connections and port-0 listeners every test opens meanwhile. Where the range cannot be read, a port from
+/// `bind(0)` (the kernel may hand it out again; the check above still holds within this process).
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .filter(|&low| low > 12_000);
+    if let Some(low) = ephemeral_low {
+        // Spread processes apart (sequential test binaries, several checkouts on one machine), then walk up.
+        let span = u32::from(low - 10_000);
+        let start = 10_000 + std::process::id().wrapping_mul(7919).wrapping_add(given.len() as u32) % span;
+        for i in 0..span {
+            let port = (10_000 + (start - 10_000 + i) % span) as u16;
+            if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.push(port);
+                return port;
+            }
+        }
+    }
     loop {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         if !given.contains(&port) {
