@@ -70,13 +70,6 @@ pub struct ModelInfo {
     digest: std::sync::OnceLock<String>,
 }
 
-impl PartialEq for ModelInfo {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.name, self.dim, self.max_tokens, self.special_tokens, self.provider, &self.files)
-            == (&other.name, other.dim, other.max_tokens, other.special_tokens, other.provider, &other.files)
-    }
-}
-
 impl ModelInfo {
     /// SHA-1 (hex) of what the vectors depend on: the provider kind, the model file's bytes and the tokenizer's.
     /// Computed on first use (reading the model once); two model files in one directory (fp32, fp16, int8) differ.
