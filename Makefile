@@ -83,7 +83,9 @@ model:
 
 # Real components for the tests: Debian's openssl (the TLS store test makes its CA) and prometheus (promtool +
 # server), PyPI helm-python-sdk (the Helm library) in .tools/helm, and PyPI noida-db (a Kafka-protocol broker
-# binary) in .tools/noida, PyPI fhirsnake (a FHIR server serving resources from files) in .tools/fhir. Skipped when already present; needs root for apt-get (CI machines usually run as root;
+# binary) in .tools/noida, PyPI fhirsnake (a FHIR server serving resources from files) in .tools/fhir, npm oidc-provider (an
+# OpenID provider, pinned by tools/oidc/package-lock.json) in .tools/oidc, PyPI Schemathesis (pinned by
+# tools/schemathesis/requirements.txt) in .tools/schemathesis. Skipped when already present; needs root for apt-get (CI machines usually run as root;
 # elsewhere install openssl and prometheus yourself — the prometheus tests say SKIPPED when it is missing).
 # `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests at another cluster with
 # CLINSTREAM_TEST_KAFKA=host:port.
@@ -102,6 +104,12 @@ tools:
 	    echo "warning: could not install podman/runc/mmdebstrap (Debian packages); the container tests need them"; }
 	@test -x .tools/noida/noida_db/noida-db || \
 	  python3 -m pip install -q --disable-pip-version-check --target .tools/noida noida-db==$(NOIDA_VERSION)
+	@test -f .tools/oidc/node_modules/oidc-provider/package.json || \
+	  { mkdir -p .tools/oidc && cp tools/oidc/package.json tools/oidc/package-lock.json .tools/oidc/ && \
+	    npm ci --prefix .tools/oidc --no-audit --no-fund --silent; }
+	@test -f .tools/schemathesis/schemathesis/__init__.py || \
+	  python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --no-deps \
+	    --target .tools/schemathesis -r tools/schemathesis/requirements.txt
 	@test -f .tools/fhir/fhirsnake/main.py || \
 	  python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --target .tools/fhir fhirsnake==$(FHIRSNAKE_VERSION)
 
@@ -112,7 +120,7 @@ lint:
 # The store tests start a real Qdrant server from ../shared/tools/qdrant/qdrant-server (or CLINSTREAM_QDRANT_SERVER;
 # QDRANT_URL for an external one) and fail, not skip, when there is none.
 unit:
-	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 CLINSTREAM_REQUIRE_FHIR=1 $(CARGO) test --locked
+	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 CLINSTREAM_REQUIRE_FHIR=1 CLINSTREAM_REQUIRE_OIDC=1 CLINSTREAM_REQUIRE_SCHEMATHESIS=1 $(CARGO) test --locked
 
 fmt:
 	$(CARGO) fmt

@@ -41,17 +41,70 @@ pub struct Settings {
 }
 
 impl ServeSettings {
-    /// The accepted API keys (blank entries ignored).
-    pub fn keys(&self) -> Vec<String> {
-        self.api_keys.expose().split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string).collect()
+    /// The accepted API keys as (name, key) (blank entries ignored; a bare key is named by its position).
+    pub fn keys(&self) -> Vec<(String, String)> {
+        self.api_keys
+            .expose()
+            .split(',')
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .enumerate()
+            .map(|(i, entry)| match entry.split_once(':') {
+                Some((name, key)) if !name.trim().is_empty() && !key.trim().is_empty() => {
+                    (name.trim().to_string(), key.trim().to_string())
+                }
+                _ => (format!("key-{}", i + 1), entry.to_string()),
+            })
+            .collect()
     }
 
-    /// Auth on with no key would refuse every request: a configuration error, said before serving.
+    /// Whether identity-provider tokens are accepted.
+    pub fn oidc_enabled(&self) -> bool {
+        !self.oidc.issuer.trim().is_empty()
+    }
+
+    /// Auth on with no way in would refuse every request, and a provider without an audience would accept tokens
+    /// minted for any other service: configuration errors, said before serving.
     pub fn check_auth(&self) -> Result<(), String> {
-        if self.auth && self.keys().is_empty() {
-            return Err("serve.api_keys: no key while serve.auth is on (set CLINSTREAM__SERVE__API_KEYS from a \
-                        Secret, or serve.auth = false on a trusted network)"
+        if self.auth && self.keys().is_empty() && !self.oidc_enabled() {
+            return Err("serve.api_keys, serve.oidc.issuer: neither a key nor an identity provider while serve.auth \
+                        is on (set CLINSTREAM__SERVE__API_KEYS from a Secret or serve.oidc.issuer, or serve.auth = \
+                        false on a trusted network)"
                 .into());
+        }
+        let o = &self.oidc;
+        if self.oidc_enabled() {
+            let url = |u: &str| {
+                http::Uri::try_from(u.trim())
+                    .ok()
+                    .is_some_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some())
+            };
+            if !url(&o.issuer) {
+                return Err("serve.oidc.issuer: must be an http(s) URL".into());
+            }
+            if !o.jwks_url.trim().is_empty() && !url(&o.jwks_url) {
+                return Err("serve.oidc.jwks_url: must be an http(s) URL".into());
+            }
+            if o.audience.trim().is_empty() {
+                return Err("serve.oidc.audience: required with serve.oidc.issuer (without it a token minted for \
+                            any other service of the provider would be accepted)"
+                    .into());
+            }
+            if o.algorithms.is_empty() {
+                return Err("serve.oidc.algorithms: name at least one algorithm".into());
+            }
+            if let Some(bad) = o.algorithms.iter().find(|a| crate::serve::oidc::algorithm(a).is_none()) {
+                return Err(format!(
+                    "serve.oidc.algorithms: `{bad}` is not an accepted algorithm (RS256, RS384, RS512, PS256, PS384, \
+                     PS512, ES256, ES384, EdDSA; symmetric algorithms never)"
+                ));
+            }
+            if o.patient_claim.trim().is_empty() || o.timeout_ms == 0 {
+                return Err("serve.oidc.patient_claim: must not be empty; serve.oidc.timeout_ms: at least 1".into());
+            }
+        }
+        if self.audit.timeout_ms == 0 {
+            return Err("serve.audit.timeout_ms: must be at least 1".into());
         }
         Ok(())
     }
@@ -108,9 +161,10 @@ pub struct ServeSettings {
     pub enabled: bool,
     /// Listen address of the API (host:port; port 0 picks a free port).
     pub addr: String,
-    /// Require `Authorization: Bearer KEY` on the API routes.
+    /// Require `Authorization: Bearer …` on the API routes: a static key or an identity provider's token.
     pub auth: bool,
-    /// Accepted keys, comma-separated (`CLINSTREAM__SERVE__API_KEYS` from a Secret).
+    /// Static keys of service accounts, comma-separated, each `name:key` (a bare key is named `key-1`, `key-2`, …
+    /// by position); the name is what the audit trail records (`CLINSTREAM__SERVE__API_KEYS` from a Secret).
     pub api_keys: Secret,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
@@ -131,6 +185,52 @@ pub struct ServeSettings {
     pub tokenizer: String,
     /// Where the concept-label embeddings are cached (per model and lexicon version); empty = not cached.
     pub cache_dir: String,
+    pub oidc: OidcSettings,
+    pub audit: AuditSettings,
+}
+
+/// Bearer JWT access tokens from an OpenID Connect / OAuth 2.0 provider (docs/read-side.md, "Security model").
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OidcSettings {
+    /// The provider's issuer URL (the tokens' `iss`); its keys are discovered from
+    /// `{issuer}/.well-known/openid-configuration`. Empty = tokens are not accepted (static keys only).
+    pub issuer: String,
+    /// The `aud` a token must carry (required with an issuer).
+    pub audience: String,
+    /// The JWK Set URL, when the provider publishes no discovery document; empty = discovered.
+    pub jwks_url: String,
+    /// Signature algorithms accepted (asymmetric only: RS256/384/512, PS256/384/512, ES256/384, EdDSA).
+    pub algorithms: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub clock_skew_s: u64,
+    /// The claim naming the one patient a `patient/…` scope is for (SMART's launch context).
+    pub patient_claim: String,
+    /// A claim listing the patients the caller may see (a care team's list: an array of ids or references);
+    /// empty = not used.
+    pub patients_claim: String,
+    /// `user/…` and `system/…` read scopes may query every patient; false = those scopes grant nothing.
+    pub allow_all_patients: bool,
+    /// Least time between two key-set fetches asked for by tokens with an unknown `kid`.
+    pub refresh_min_interval_ms: u64,
+    /// Per request to the provider (discovery, keys).
+    pub timeout_ms: u64,
+}
+
+/// One audit record per query-service request (docs/read-side.md, "Audit trail").
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSettings {
+    /// Kafka topic (on `kafka.bootstrap_servers`) receiving one FHIR `AuditEvent` per request; empty = the log.
+    pub topic: String,
+    /// A request whose audit record was not delivered is refused with 503 (true) or answered anyway (false, and
+    /// counted as a failed audit).
+    pub fail_closed: bool,
+    /// How long a request waits for its record's delivery.
+    pub timeout_ms: u64,
+    /// Key of the pseudonyms that replace patient and document ids in audit records written to the log
+    /// (HMAC-SHA-256); empty = a key made at start, so log records correlate within one process only.
+    pub log_key: Secret,
 }
 
 /// The embedding model and its batching (docs/embedding.md).

@@ -396,7 +396,10 @@ fn the_helm_chart_renders_and_lints() {
     // from a Secret, and settings the service accepts.
     let query = helm(serde_json::json!({
         "config": {"store.kind": "qdrant", "store.url": "http://qdrant:6334", "store.alias": "notes"},
-        "queryService": {"enabled": true, "config": {"serve.max_budget_tokens": "4096"}},
+        "queryService": {"enabled": true, "config": {"serve.max_budget_tokens": "4096"},
+                         "oidc": {"issuer": "https://idp.example.org/realms/ward", "audience": "clinstream",
+                                  "patientsClaim": "care_team_patients"},
+                         "audit": {"topic": "clinstream.audit.v1", "logKey": {"secretName": "audit-key"}}},
         "secrets": {"qdrantApiKey": {"enabled": true}}
     }))
     .unwrap();
@@ -414,6 +417,12 @@ fn the_helm_chart_renders_and_lints() {
         "secretKeyRef: {name: clinstream-api-keys, key: api-keys}",
         "CLINSTREAM__SERVE__MAX_BUDGET_TOKENS",
         "CLINSTREAM__STORE__API_KEY",
+        "CLINSTREAM__SERVE__OIDC__ISSUER\n              value: \"https://idp.example.org/realms/ward\"",
+        "CLINSTREAM__SERVE__OIDC__AUDIENCE\n              value: \"clinstream\"",
+        "CLINSTREAM__SERVE__OIDC__PATIENTS_CLAIM\n              value: \"care_team_patients\"",
+        "CLINSTREAM__SERVE__AUDIT__TOPIC\n              value: \"clinstream.audit.v1\"",
+        "CLINSTREAM__SERVE__AUDIT__FAIL_CLOSED\n              value: \"true\"",
+        "secretKeyRef: {name: audit-key, key: audit-log-key}",
     ] {
         assert!(q.contains(expected), "query deployment lacks {expected}:\n{q}");
     }
@@ -433,6 +442,15 @@ fn the_helm_chart_renders_and_lints() {
     }
     let out = clinstream().args(["config", "print"]).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
     assert!(out.status.success(), "the service's settings are refused: {}", String::from_utf8_lossy(&out.stderr));
+    let no_audience = helm(serde_json::json!({
+        "config": {"store.kind": "qdrant"},
+        "queryService": {"enabled": true, "oidc": {"issuer": "https://idp.example.org"}}
+    }))
+    .unwrap();
+    assert!(
+        no_audience["error"].as_str().is_some_and(|e| e.contains("audience")),
+        "an issuer without an audience is refused: {no_audience}"
+    );
     let embedded = helm(serde_json::json!({"queryService": {"enabled": true}})).unwrap();
     assert!(
         embedded["error"].as_str().is_some_and(|e| e.contains("store.kind")),

@@ -463,9 +463,13 @@ async fn serves_context_and_search(s: Settings) {
         common::metric_value(&metrics, "clinstream_api_requests_total{route=\"context\",status=\"400\"}").unwrap()
             >= 8.0
     );
-    assert!(
-        common::metric_value(&metrics, "clinstream_api_requests_total{route=\"other\",status=\"401\"}").unwrap() >= 3.0
-    );
+    let unauthorized = |route: &str| {
+        common::metric_value(&metrics, &format!("clinstream_api_requests_total{{route=\"{route}\",status=\"401\"}}"))
+            .unwrap_or(0.0)
+    };
+    assert!(unauthorized("context") >= 2.0 && unauthorized("search") >= 1.0, "401s counted by route");
+    assert!(common::metric_value(&metrics, "clinstream_api_denials_total{reason=\"no_credentials\"}").unwrap() >= 2.0);
+    assert!(common::metric_value(&metrics, "clinstream_api_denials_total{reason=\"unknown_key\"}").unwrap() >= 1.0);
     assert!(metrics.contains("clinstream_api_request_duration_seconds_bucket{route=\"search\""));
     assert!(!metrics.contains("SECRET") && !metrics.contains("pleural"));
 }
@@ -620,6 +624,12 @@ fn run_then_serve_and_a_worker_serving_while_it_consumes() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(cli, api, "the CLI twin and the API answer alike");
+    // The twin runs as the local operator, says so, and audits the access to the log with ids pseudonymised.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("running as the local operator"), "{stderr}");
+    assert!(stderr.contains("AuditEvent") && stderr.contains("urn:clinstream:local-operator"), "{stderr}");
+    assert!(stderr.contains("pseudonym:") && !stderr.contains("Patient/p1") && !stderr.contains("p1-a"), "{stderr}");
+    assert!(!stderr.contains("pleural") && !stderr.contains("Is there"), "no question or note text: {stderr}");
 
     // One process: a worker consuming stdin serves the API on its own store handle.
     let port = common::free_port();

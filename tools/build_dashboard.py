@@ -34,7 +34,9 @@ panel("Qdrant upsert latency p50/p99 and points/s", ["histogram_quantile(0.5, su
 panel("Chunks per document (p50/p99)", ["histogram_quantile(0.5, sum by (le) (rate(%s[5m])))" % s("clinstream_chunks_per_document_bucket"), "histogram_quantile(0.99, sum by (le) (rate(%s[5m])))" % s("clinstream_chunks_per_document_bucket")], "short", 12,64, ["p50","p99"])
 panel("FHIR fetches by outcome", ["sum by (outcome) (rate(%s[5m]))" % s("clinstream_fhir_fetches_total")], "reqps", 0,72, ["{{outcome}}"])
 panel("FHIR fetch latency (p50, p99)", ["histogram_quantile(0.99, sum by (le) (rate(%s[5m])))" % s("clinstream_fhir_fetch_duration_seconds_bucket"), "histogram_quantile(0.5, sum by (le) (rate(%s[5m])))" % s("clinstream_fhir_fetch_duration_seconds_bucket")], "s", 12,72, ["p99","p50"])
-panels.append({"id":len(panels)+1,"type":"table","title":"Build info","gridPos":{"x":0,"y":80,"w":24,"h":6},"datasource":DS,
+panel("Query service requests by route and status (/s), p99 latency", ["sum by (route, status) (rate(%s[5m]))" % s("clinstream_api_requests_total"), "histogram_quantile(0.99, sum by (le, route) (rate(%s[5m])))" % s("clinstream_api_request_duration_seconds_bucket")], "reqps", 0,80, ["{{route}} {{status}}","p99 s {{route}}"])
+panel("Query service access: denials by reason, audit records (/s)", ["sum by (reason) (rate(%s[5m]))" % s("clinstream_api_denials_total"), "sum by (sink, outcome) (rate(%s[5m]))" % s("clinstream_audit_records_total")], "reqps", 12,80, ["denied {{reason}}","audit {{sink}} {{outcome}}"])
+panels.append({"id":len(panels)+1,"type":"table","title":"Build info","gridPos":{"x":0,"y":88,"w":24,"h":6},"datasource":DS,
   "targets":[{"expr":"max by (pod, version, lexicon_version, model, execution_provider) (%s)" % s("clinstream_build_info"),"format":"table","instant":True,"refId":"A","datasource":DS}],
   "fieldConfig":{"defaults":{},"overrides":[]},"options":{}})
 dash={"title":"clinstream","uid":"clinstream","schemaVersion":39,"version":1,"editable":True,"time":{"from":"now-6h","to":"now"},

@@ -48,7 +48,7 @@ pub struct Args {
 pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
     let Args { patient, question, budget, since, until, document_types, sections, no_fill, json, config } = args;
     let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
-    settings.log.level = "warn".into();
+    settings.log.level = "warn,clinstream::audit=info".into();
     crate::telemetry::init_logging(&settings.log)?;
     let request = ContextRequest {
         patient,
@@ -60,7 +60,12 @@ pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
         sections,
         fill: no_fill.then_some(false),
     };
-    let response = runtime(&settings)?.block_on(context(&settings, &request))?;
+    let response = runtime(&settings)?.block_on(async {
+        let response = context(&settings, &request).await?;
+        let (returned, documents) = crate::serve::audit::Returned::returned(&response);
+        super::audit_operator(&settings, "context", Some(&request.patient), returned, documents).await?;
+        anyhow::Ok(response)
+    })?;
     print!("{}", render_context(&response, json));
     Ok(ExitCode::SUCCESS)
 }

@@ -127,6 +127,44 @@ pub fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// The query service's CLI twins (`context`, `search`) run as the local operator: every patient. They say so on
+/// stderr, and the access gets an audit record like an API request (`serve.audit.topic`, or the log with ids
+/// pseudonymised); when it cannot be delivered and `serve.audit.fail_closed` is on, nothing is printed.
+pub(crate) async fn audit_operator(
+    settings: &Settings,
+    route: &'static str,
+    patient: Option<&str>,
+    returned: usize,
+    documents: Vec<String>,
+) -> anyhow::Result<()> {
+    use crate::serve::access::{Principal, Who};
+    let operator = Principal::operator();
+    if let Who::Operator { user } = &operator.who {
+        eprintln!("clinstream {route}: running as the local operator `{user}` (every patient; this access is audited)");
+    }
+    let record = crate::serve::audit::AuditRecord {
+        request_id: crate::serve::audit::request_id(None),
+        recorded: std::time::SystemTime::now(),
+        route,
+        who: Some(operator.who),
+        patient: patient.filter(|p| !p.trim().is_empty()).map(crate::query::reader::patient_reference),
+        status: 200,
+        returned,
+        documents,
+    };
+    let auditor = crate::serve::audit::Auditor::new(settings).map_err(anyhow::Error::msg)?;
+    match auditor.record(&record).await {
+        Ok(()) => Ok(()),
+        Err(e) if settings.serve.audit.fail_closed => {
+            Err(anyhow::anyhow!("{e} (serve.audit.fail_closed): nothing is printed"))
+        }
+        Err(e) => {
+            eprintln!("warning: {e}");
+            Ok(())
+        }
+    }
+}
+
 /// Settings (defaults ← file ← env) and the compiled pipeline, for the commands that analyse text.
 pub fn pipeline(config: Option<&std::path::Path>) -> anyhow::Result<(Settings, crate::stages::Pipeline)> {
     let settings = Settings::load(config).context("loading configuration")?;

@@ -40,10 +40,16 @@ pub struct Args {
 pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
     let Args { query, patient, section, top, json, config } = args;
     let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
-    settings.log.level = "warn".into();
+    settings.log.level = "warn,clinstream::audit=info".into();
     crate::telemetry::init_logging(&settings.log)?;
-    let hits =
-        runtime(&settings)?.block_on(search(&settings, &query, patient.as_deref(), section.as_deref(), top.max(1)))?;
+    let hits = runtime(&settings)?.block_on(async {
+        let hits = search(&settings, &query, patient.as_deref(), section.as_deref(), top.max(1)).await?;
+        let documents: std::collections::BTreeSet<String> =
+            hits.iter().filter_map(|h| h.payload.get("doc_id")?.as_str().map(str::to_string)).collect();
+        super::audit_operator(&settings, "search", patient.as_deref(), hits.len(), documents.into_iter().collect())
+            .await?;
+        anyhow::Ok(hits)
+    })?;
     print!("{}", render(&hits, json));
     Ok(ExitCode::SUCCESS)
 }

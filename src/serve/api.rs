@@ -17,8 +17,9 @@ pub struct ErrorBody {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorDetail {
-    /// `bad_request`, `unauthorized`, `payload_too_large`, `unsupported_media_type`, `not_ready`, `store_unavailable`,
-    /// `store_failed`, `embed_failed`, `timeout`, `not_found`, `method_not_allowed`.
+    /// `bad_request`, `unauthorized`, `forbidden`, `payload_too_large`, `unsupported_media_type`, `not_ready`,
+    /// `auth_unavailable`, `audit_unavailable`, `store_unavailable`, `store_failed`, `embed_failed`, `timeout`,
+    /// `not_found`, `method_not_allowed`.
     pub code: String,
     /// Names the field or limit; never echoes request values.
     pub message: String,
@@ -76,15 +77,21 @@ fn openapi_types() -> Value {
         json!({"post": {
             "summary": summary,
             "security": [{"bearer": []}],
+            "parameters": [{
+                "name": "X-Request-Id", "in": "header", "required": false,
+                "description": "Recorded in the request's audit record and answered back; another id is made when absent or not 1-64 letters, digits, '-' or '.'",
+                "schema": {"type": "string"}
+            }],
             "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{req}")}}}},
             "responses": {
                 "200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{resp}")}}}},
                 "400": error("Malformed request, unknown field, or a value past a limit"),
-                "401": error("No or unknown bearer token"),
+                "401": error("No credentials, an unknown key, or a token that is invalid, expired, or for another audience or issuer"),
+                "403": error("The caller may not query that patient (the same answer whether the patient exists or not)"),
                 "413": error("Body larger than serve.max_body_bytes"),
                 "405": error("Not POST"),
                 "415": error("Body is not application/json"),
-                "503": error("Vector store unavailable (retry later)"),
+                "503": error("Not ready, the identity provider's keys or the vector store unavailable, or the request's audit record not delivered (retry later)"),
                 "504": error("Not answered within serve.timeout_ms"),
             }
         }})
@@ -105,7 +112,7 @@ fn openapi_types() -> Value {
         },
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "A static key of serve.api_keys (every patient), or a JWT access token from serve.oidc.issuer whose SMART scopes and patient claims say which patients it may query"}}
         },
         "security": [{"bearer": []}]
     })

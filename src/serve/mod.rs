@@ -1,9 +1,13 @@
-//! The query service: the read side's method (`query::Reader`) behind HTTP — routes, bearer-token auth, body and
-//! concurrency limits, timeouts (`routes`), the OpenAPI document (`api`), and the wiring that keeps `/readyz`
-//! true to the store. Nothing of the method lives here: `POST /v1/context` and `clinstream context` both call
+//! The query service: the read side's method (`query::Reader`) behind HTTP — routes, body and concurrency limits,
+//! timeouts (`routes`), who may ask about which patient (`access`, with identity-provider tokens checked by
+//! `oidc`), one audit record per request (`audit`), the OpenAPI document (`api`), and the wiring that keeps
+//! `/readyz` true to the store. Nothing of the method lives here: `POST /v1/context` and `clinstream context` both call
 //! `Reader::context`.
 
+pub mod access;
 pub mod api;
+pub mod audit;
+pub mod oidc;
 pub mod routes;
 
 use std::sync::Arc;
@@ -17,21 +21,36 @@ use crate::store::{Filters, Store};
 pub use crate::query::ReadError;
 pub use api::{ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 
-/// The service: the reader it answers with, and its limits (`serve.*`).
+/// The service: the reader it answers with, who may ask (`access`), where requests are recorded (`audit`).
 #[derive(Debug)]
 pub struct Service {
     reader: Reader,
+    authenticator: access::Authenticator,
+    auditor: audit::Auditor,
 }
 
 impl Service {
-    /// Builds the service over an open store and a running embedder (shared with a worker in the same process).
+    /// Builds the service over an open store and a running embedder (shared with a worker in the same process);
+    /// starts loading the identity provider's keys when one is configured (within a Tokio runtime).
     pub fn new(
         settings: &Settings,
         pipeline: Arc<Pipeline>,
         embedder: Embedder,
         store: Arc<Store>,
     ) -> anyhow::Result<Service> {
-        Ok(Service { reader: Reader::new(settings, pipeline, embedder, store)? })
+        let authenticator = access::Authenticator::new(&settings.serve).map_err(anyhow::Error::msg)?;
+        let auditor = audit::Auditor::new(settings).map_err(anyhow::Error::msg)?;
+        Ok(Service { reader: Reader::new(settings, pipeline, embedder, store)?, authenticator, auditor })
+    }
+
+    /// Who may ask.
+    pub fn authenticator(&self) -> &access::Authenticator {
+        &self.authenticator
+    }
+
+    /// Where requests are recorded.
+    pub fn auditor(&self) -> &audit::Auditor {
+        &self.auditor
     }
 
     /// The read side's method this service answers with.

@@ -1,16 +1,20 @@
 //! The HTTP side of the query service (axum): `POST /v1/context`, `POST /v1/search`, beside `/metrics`,
 //! `/healthz`, `/readyz` (`http::router`).
 //!
-//! Every `/v1` request passes, in order: the bearer-token check (401 before the body is read), the body limit
-//! (413), the content type (415), JSON decoding into the typed request (400 naming the field — serde's messages,
-//! which may quote values, are never passed on), the concurrency limit (`serve.max_concurrent`; the rest wait) and
-//! the timeout (504). Store unavailable → 503 with `Retry-After`; other store or model failures → 500. Every
-//! answer is counted by route and status, and timed by route; nothing of the request is logged.
+//! Every `/v1` request passes, in order: identification (`access::Authenticator`: 401 before the body is read, or
+//! 503 while the identity provider's keys cannot be had), the body limit (413), the content type (415), JSON
+//! decoding into the typed request (400 naming the field — serde's messages, which may quote values, are never
+//! passed on), the patient check (403, the same whether the patient exists or not), the concurrency limit
+//! (`serve.max_concurrent`; the rest wait) and the timeout (504). Store unavailable → 503 with `Retry-After`; other
+//! store or model failures → 500. Every request, refused or answered, gets one audit record (`audit`; an answer
+//! whose record is not delivered becomes a 503 with `serve.audit.fail_closed`) and an `X-Request-Id`; every answer
+//! is counted by route and status, and timed by route; nothing of the request is logged.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -19,25 +23,24 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::de::DeserializeOwned;
-use subtle::{Choice, ConstantTimeEq};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use super::access::{Patients, Principal};
 use super::api::{ErrorBody, ErrorDetail};
+use super::audit::{self, AuditRecord, Returned};
 use super::{ContextRequest, ReadError, SearchRequest, Service};
 use crate::http::Readiness;
+use crate::query::reader::patient_reference;
 use crate::store::StoreError;
 use crate::telemetry::metrics::metrics;
 
 #[derive(Clone)]
 struct Api {
     service: Arc<Service>,
-    keys: Arc<Vec<String>>,
-    auth: bool,
     permits: Arc<Semaphore>,
     timeout: Duration,
 }
-
 /// A JSON answer.
 fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
@@ -88,32 +91,58 @@ impl IntoResponse for ReadError {
     }
 }
 
-/// Keys compared in constant time (`subtle`), every key tried whatever matched: the time taken says nothing of
-/// how much of a key was right, nor which key it was.
-fn key_matches(given: &str, keys: &[String]) -> bool {
-    keys.iter().fold(Choice::from(0), |found, k| found | k.as_bytes().ct_eq(given.as_bytes())).into()
+/// The route label of a `/v1` path.
+fn route_of(path: &str) -> &'static str {
+    match path {
+        "/v1/context" => "context",
+        "/v1/search" => "search",
+        _ => "other",
+    }
 }
 
-async fn authenticate(State(api): State<Api>, request: Request, next: Next) -> Response {
-    if api.auth {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
-        match given {
-            Some(k) if key_matches(k, &api.keys) => {}
-            Some(_) => return count("other", error(StatusCode::UNAUTHORIZED, "unauthorized", "unknown API key")),
-            None => {
-                return count(
-                    "other",
-                    error(StatusCode::UNAUTHORIZED, "unauthorized", "send `Authorization: Bearer <key>`"),
-                );
-            }
+/// Identifies the caller before the body is read: a 401 (or a 503 while the identity provider's keys cannot be
+/// had) is answered and audited here; otherwise the `Principal` and the request id travel on to the route.
+async fn authenticate(State(api): State<Api>, mut request: Request, next: Next) -> Response {
+    let id = audit::request_id(request.headers().get("x-request-id").and_then(|v| v.to_str().ok()));
+    let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match api.service.authenticator().identify(authorization).await {
+        Ok(principal) => {
+            request.extensions_mut().insert(Caller { principal, request_id: id.clone() });
+            with_request_id(next.run(request).await, &id)
+        }
+        Err(denied) => {
+            metrics().api_denials.with_label_values(&[denied.reason]).inc();
+            let route = route_of(request.uri().path());
+            let status = StatusCode::from_u16(denied.status).unwrap_or(StatusCode::UNAUTHORIZED);
+            let record = AuditRecord {
+                request_id: id.clone(),
+                recorded: SystemTime::now(),
+                route,
+                who: None,
+                patient: None,
+                status: status.as_u16(),
+                returned: 0,
+                documents: Vec::new(),
+            };
+            // A refusal discloses nothing: it is answered even when its record could not be delivered (counted).
+            let _ = api.service.auditor().record(&record).await;
+            with_request_id(count(route, error(status, denied.code, denied.message)), &id)
         }
     }
-    next.run(request).await
+}
+
+/// Who asked, as `authenticate` found.
+#[derive(Clone)]
+struct Caller {
+    principal: Principal,
+    request_id: String,
+}
+
+fn with_request_id(mut r: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        r.headers_mut().insert("x-request-id", v);
+    }
+    r
 }
 
 fn count(route: &str, r: Response) -> Response {
@@ -166,21 +195,74 @@ fn decode<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, Re
     Ok(value)
 }
 
-/// Runs a request under the concurrency limit and the timeout, counting and timing it.
+/// A request naming (or not) the patient it is about.
+trait Scoped {
+    fn patient(&self) -> Option<&str>;
+    /// Narrows a request that named no patient to this one.
+    fn narrow(&mut self, patient: String);
+}
+
+impl Scoped for ContextRequest {
+    fn patient(&self) -> Option<&str> {
+        Some(&self.patient)
+    }
+    fn narrow(&mut self, patient: String) {
+        self.patient = patient;
+    }
+}
+
+impl Scoped for SearchRequest {
+    fn patient(&self) -> Option<&str> {
+        self.patient.as_deref()
+    }
+    fn narrow(&mut self, patient: String) {
+        self.patient = Some(patient);
+    }
+}
+
+/// The patient check: a request for a patient outside the caller's set is refused (the same answer whether the
+/// patient exists or not, before anything is read); a search naming no patient is narrowed to the caller's one
+/// patient, or refused when the caller may see several but not all.
+/// The refusal is the 403's message.
+fn check_patient<T: Scoped>(principal: &Principal, request: &mut T) -> Result<(), &'static str> {
+    match (&principal.patients, request.patient()) {
+        (Patients::All, _) => Ok(()),
+        (allowed, Some(p)) if p.trim().is_empty() || allowed.permits(p) => Ok(()),
+        (_, Some(_)) => Err("this caller may not query that patient"),
+        (Patients::Only(set), None) if set.len() == 1 => {
+            request.narrow(set.iter().next().cloned().unwrap_or_default());
+            Ok(())
+        }
+        (Patients::Only(_), None) => Err("name a patient this caller may query (`patient`)"),
+    }
+}
+
+/// Runs a request under the concurrency limit and the timeout, counting, timing and auditing it.
 async fn answer<T, R, F, Fut>(
     api: &Api,
-    route: &str,
+    route: &'static str,
+    caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
     work: F,
 ) -> Response
 where
-    T: DeserializeOwned,
-    R: serde::Serialize,
+    T: DeserializeOwned + Scoped,
+    R: serde::Serialize + Returned,
     F: FnOnce(Arc<Service>, T) -> Fut,
     Fut: std::future::Future<Output = Result<R, ReadError>>,
 {
     let clock = Instant::now();
+    let mut record = AuditRecord {
+        request_id: caller.request_id.clone(),
+        recorded: SystemTime::now(),
+        route,
+        who: Some(caller.principal.who.clone()),
+        patient: None,
+        status: 0,
+        returned: 0,
+        documents: Vec::new(),
+    };
     let response = async {
         let body = match body {
             Ok(b) => b,
@@ -193,10 +275,16 @@ where
             }
             Err(_) => return error(StatusCode::BAD_REQUEST, "bad_request", "the body could not be read"),
         };
-        let request: T = match decode(&headers, &body) {
+        let mut request: T = match decode(&headers, &body) {
             Ok(r) => r,
             Err((status, code, message)) => return error(status, code, message),
         };
+        if let Err(message) = check_patient(&caller.principal, &mut request) {
+            record.patient = request.patient().filter(|p| !p.trim().is_empty()).map(patient_reference);
+            metrics().api_denials.with_label_values(&["forbidden_patient"]).inc();
+            return error(StatusCode::FORBIDDEN, "forbidden", message);
+        }
+        record.patient = request.patient().filter(|p| !p.trim().is_empty()).map(patient_reference);
         let work = async {
             let _permit = api.permits.acquire().await;
             work(api.service.clone(), request).await
@@ -204,6 +292,7 @@ where
         match tokio::time::timeout(api.timeout, work).await {
             Ok(Ok(r)) => {
                 crate::http::set_store_reachable(true);
+                (record.returned, record.documents) = r.returned();
                 json(StatusCode::OK, &r)
             }
             Ok(Err(e)) => e.into_response(),
@@ -215,24 +304,40 @@ where
         }
     }
     .await;
+    record.status = response.status().as_u16();
+    let response = match api.service.auditor().record(&record).await {
+        Ok(()) => response,
+        Err(e) if api.service.settings().audit.fail_closed => {
+            tracing::warn!(error = %e, route, "A query-service request was refused: its audit record was not delivered.");
+            error(StatusCode::SERVICE_UNAVAILABLE, "audit_unavailable", "the request could not be audited; retry later")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, route, "A query-service request was answered without its audit record.");
+            response
+        }
+    };
     metrics().api_duration.with_label_values(&[route]).observe(clock.elapsed().as_secs_f64());
     count(route, response)
 }
 
 async fn context(
     State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    answer(&api, "context", headers, body, |s, r: ContextRequest| async move { s.reader().context(&r).await }).await
+    answer(&api, "context", caller, headers, body, |s, r: ContextRequest| async move { s.reader().context(&r).await })
+        .await
 }
 
 async fn search(
     State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    answer(&api, "search", headers, body, |s, r: SearchRequest| async move { s.reader().search(&r).await }).await
+    answer(&api, "search", caller, headers, body, |s, r: SearchRequest| async move { s.reader().search(&r).await })
+        .await
 }
 
 /// Another method than POST on a `/v1` route: the documented error body, `Allow: POST`, and counted.
@@ -250,8 +355,6 @@ async fn not_found() -> Response {
 pub fn router(service: Arc<Service>, readiness: Readiness) -> Router {
     let s = service.settings();
     let api = Api {
-        keys: Arc::new(s.keys()),
-        auth: s.auth,
         permits: Arc::new(Semaphore::new(s.max_concurrent)),
         timeout: Duration::from_millis(s.timeout_ms),
         service: service.clone(),
@@ -262,6 +365,11 @@ pub fn router(service: Arc<Service>, readiness: Readiness) -> Router {
         .layer(DefaultBodyLimit::max(s.max_body_bytes))
         .route_layer(middleware::from_fn_with_state(api.clone(), authenticate))
         .with_state(api);
+    // Not ready before the identity provider's keys are loaded (tokens could not be checked).
+    let readiness = match service.authenticator().verifier() {
+        Some(v) => readiness.gated(v.ready_flag()),
+        None => readiness,
+    };
     crate::http::router(readiness).merge(v1).fallback(not_found)
 }
 
@@ -287,17 +395,6 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_match_exactly() {
-        let keys = vec!["alpha".to_string(), "beta-key".to_string()];
-        assert!(key_matches("alpha", &keys));
-        assert!(key_matches("beta-key", &keys));
-        assert!(!key_matches("alph", &keys));
-        assert!(!key_matches("alphaa", &keys));
-        assert!(!key_matches("", &keys));
-        assert!(!key_matches("alpha", &[]));
-    }
 
     #[test]
     fn bad_bodies_name_the_field_never_the_value() {

@@ -4,9 +4,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Shared readiness flag (start-up done), combined with the store's state when read.
+/// Shared readiness flag (start-up done), combined with the store's state when read, and with any gates a part
+/// added (`gated`: the query service's identity-provider keys).
 #[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness {
+    ready: Arc<AtomicBool>,
+    gates: Vec<Arc<AtomicBool>>,
+}
 
 /// False while the indexer retries an unavailable vector store (one store per process).
 static STORE_REACHABLE: AtomicBool = AtomicBool::new(true);
@@ -23,11 +27,20 @@ pub fn store_reachable() -> bool {
 
 impl Readiness {
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
+        self.ready.store(ready, Ordering::SeqCst);
     }
 
-    /// Ready: start-up done and the store answering.
+    /// The same readiness, which also waits for `gate` (this copy only; `set` still reaches every copy).
+    pub fn gated(&self, gate: Arc<AtomicBool>) -> Readiness {
+        let mut r = self.clone();
+        r.gates.push(gate);
+        r
+    }
+
+    /// Ready: start-up done, the store answering, every gate open.
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst) && STORE_REACHABLE.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst)
+            && STORE_REACHABLE.load(Ordering::SeqCst)
+            && self.gates.iter().all(|g| g.load(Ordering::SeqCst))
     }
 }

@@ -51,6 +51,8 @@ pub const NAMES: &[&str] = &[
     STORE_WRITE_DURATION,
     API_REQUESTS,
     API_DURATION,
+    API_DENIALS,
+    AUDIT_RECORDS,
     FHIR_FETCHES,
     FHIR_FETCH_DURATION,
 ];
@@ -63,6 +65,8 @@ pub const FHIR_FETCHES: &str = "clinstream_fhir_fetches_total";
 pub const FHIR_FETCH_DURATION: &str = "clinstream_fhir_fetch_duration_seconds";
 pub const API_REQUESTS: &str = "clinstream_api_requests_total";
 pub const API_DURATION: &str = "clinstream_api_request_duration_seconds";
+pub const API_DENIALS: &str = "clinstream_api_denials_total";
+pub const AUDIT_RECORDS: &str = "clinstream_audit_records_total";
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
 pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
 pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
@@ -161,11 +165,21 @@ pub struct Metrics {
     pub api_requests: IntCounterVec,
     /// `route`: context | search. Time from request to response, auth and queueing included.
     pub api_duration: HistogramVec,
+    /// `reason`: one of `DENIAL_REASONS`. Query-service requests refused for who asked (401, 403, and 503 while the
+    /// identity provider's keys cannot be had).
+    pub api_denials: IntCounterVec,
+    /// `sink`: kafka | log; `outcome`: delivered | failed. Audit records of query-service requests.
+    pub audit_records: IntCounterVec,
     /// `outcome`: one of `FETCH_OUTCOMES`. Attachment fetches by reference, each attempt counted.
     pub fhir_fetches: IntCounterVec,
     /// Time of one fetch attempt (connection, response and body), whatever its outcome.
     pub fhir_fetch_duration: Histogram,
 }
+
+/// Every `reason` of `clinstream_api_denials_total`: no credentials, an unknown key, an invalid or expired token,
+/// the identity provider's keys unavailable, a patient outside the caller's set.
+pub const DENIAL_REASONS: &[&str] =
+    &["no_credentials", "unknown_key", "token_invalid", "token_expired", "auth_unavailable", "forbidden_patient"];
 
 /// Every `outcome` of `clinstream_fhir_fetches_total`: `ok`; `not_found` (404/410); `refused` (another 4xx, or
 /// not a Binary); `too_large`; `retried` (connection error, timeout, 429, 5xx — retried); `unauthorized`
@@ -410,6 +424,22 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            api_denials: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(API_DENIALS, "Query-service requests refused for who asked, by reason."),
+                    &["reason"],
+                )
+                .unwrap(),
+            ),
+            audit_records: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(AUDIT_RECORDS, "Audit records of query-service requests, by sink and outcome."),
+                    &["sink", "outcome"],
+                )
+                .unwrap(),
+            ),
             fhir_fetches: register(
                 &r,
                 IntCounterVec::new(
@@ -481,6 +511,14 @@ pub fn metrics() -> &'static Metrics {
         }
         for outcome in FETCH_OUTCOMES {
             m.fhir_fetches.with_label_values(&[outcome]);
+        }
+        for reason in DENIAL_REASONS {
+            m.api_denials.with_label_values(&[reason]);
+        }
+        for sink in ["kafka", "log"] {
+            for outcome in ["delivered", "failed"] {
+                m.audit_records.with_label_values(&[sink, outcome]);
+            }
         }
         for route in ["context", "search"] {
             m.api_duration.with_label_values(&[route]);

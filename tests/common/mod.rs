@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fhir;
+pub mod oidc;
 pub mod proxy;
 pub mod qdrant;
 
