@@ -433,6 +433,7 @@ fn the_service_keeps_its_openapi_contract_under_schemathesis() {
         .args(["--checks", "all", "--seed", &seed, "--max-examples", &examples, "--workers", "1"])
         .args(["--report-dir"])
         .arg(dir.path().join("report"))
+        .current_dir(dir.path()) // its caches land there, not in the clone
         .env("PYTHONPATH", &tool)
         .env("SCHEMATHESIS_HOOKS", "")
         .env("NO_COLOR", "1")
