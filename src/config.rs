@@ -37,7 +37,33 @@ pub struct Settings {
     pub chunking: ChunkSettings,
     pub store: StoreSettings,
     pub serve: ServeSettings,
+    pub llm: LlmSettings,
     pub fhir: FhirSettings,
+}
+
+/// The LLM of the generative step (`POST /v1/answer`): an OpenAI-compatible chat-completions endpoint
+/// (docs/read-side.md, "The generative step").
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSettings {
+    /// The API's base URL, up to and without `/chat/completions` (e.g. `http://vllm:8000/v1`); empty = no LLM
+    /// (`/v1/answer` answers 501).
+    pub base_url: String,
+    /// The `model` asked for.
+    pub model: String,
+    /// Bearer key (`CLINSTREAM__LLM__API_KEY` from a Secret); empty = none.
+    pub api_key: Secret,
+    /// Everything one generation may take: waiting for a slot, every attempt and the pauses between them.
+    pub timeout_ms: u64,
+    /// Attempts after the first on connection errors, 429 and 5xx.
+    pub max_retries: u32,
+    pub retry_initial_ms: u64,
+    /// Generations in flight at once per process; the rest wait (within `timeout_ms`).
+    pub max_concurrent: usize,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    /// A directory with `answer.system.txt` and `answer.user.txt` (`{question}`, `{passages}`); empty = built-in.
+    pub prompt_dir: String,
 }
 
 impl ServeSettings {
@@ -93,7 +119,7 @@ impl ServeSettings {
             if o.algorithms.is_empty() {
                 return Err("serve.oidc.algorithms: name at least one algorithm".into());
             }
-            if let Some(bad) = o.algorithms.iter().find(|a| crate::serve::oidc::algorithm(a).is_none()) {
+            if let Some(bad) = o.algorithms.iter().find(|a| !OIDC_ALGORITHMS.contains(&a.trim())) {
                 return Err(format!(
                     "serve.oidc.algorithms: `{bad}` is not an accepted algorithm (RS256, RS384, RS512, PS256, PS384, \
                      PS512, ES256, ES384, EdDSA; symmetric algorithms never)"
@@ -188,6 +214,9 @@ pub struct ServeSettings {
     pub oidc: OidcSettings,
     pub audit: AuditSettings,
 }
+
+/// The signature algorithms `serve.oidc.algorithms` may name: asymmetric only (never HMAC, never `none`).
+pub const OIDC_ALGORITHMS: &[&str] = &["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
 
 /// Bearer JWT access tokens from an OpenID Connect / OAuth 2.0 provider (docs/read-side.md, "Security model").
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

@@ -25,6 +25,8 @@
 //! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
 //! * `fhir` — the FHIR client: attachments fetched by reference (bearer or SMART Backend Services auth, retries,
 //!   per-host limits).
+//! * `llm` — the LLM client of the generative step: one OpenAI-compatible chat-completions endpoint (deadline,
+//!   retries, concurrency limit; prompts and completions never logged).
 //! * `source` — intakes: `file` (NDJSON, Bundles, Bulk FHIR, stdin) and `kafka` (consumer group).
 //! * `sink` — outputs: `file` (NDJSON files) and `kafka` (producer, dead letters, the commit step).
 //! * `ack` — the ack core: per-partition watermarks, assigned set, committed ledger, dead-letter guard.
@@ -55,6 +57,7 @@ pub mod index;
 pub mod kafka;
 pub mod kg;
 pub mod lexicon;
+pub mod llm;
 pub mod model;
 pub mod query;
 pub mod runner;

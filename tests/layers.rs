@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
     "index",
     "kafka",
     "fhir",
+    "llm",
     "ack",
     "source",
     "sink",

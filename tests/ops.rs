@@ -399,7 +399,8 @@ fn the_helm_chart_renders_and_lints() {
         "queryService": {"enabled": true, "config": {"serve.max_budget_tokens": "4096"},
                          "oidc": {"issuer": "https://idp.example.org/realms/ward", "audience": "clinstream",
                                   "patientsClaim": "care_team_patients"},
-                         "audit": {"topic": "clinstream.audit.v1", "logKey": {"secretName": "audit-key"}}},
+                         "audit": {"topic": "clinstream.audit.v1", "logKey": {"secretName": "audit-key"}},
+                         "llmApiKey": {"secretName": "llm-key"}},
         "secrets": {"qdrantApiKey": {"enabled": true}}
     }))
     .unwrap();
@@ -423,6 +424,8 @@ fn the_helm_chart_renders_and_lints() {
         "CLINSTREAM__SERVE__AUDIT__TOPIC\n              value: \"clinstream.audit.v1\"",
         "CLINSTREAM__SERVE__AUDIT__FAIL_CLOSED\n              value: \"true\"",
         "secretKeyRef: {name: audit-key, key: audit-log-key}",
+        "CLINSTREAM__LLM__API_KEY",
+        "secretKeyRef: {name: llm-key, key: api-key}",
     ] {
         assert!(q.contains(expected), "query deployment lacks {expected}:\n{q}");
     }

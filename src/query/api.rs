@@ -254,3 +254,54 @@ pub struct SearchRequest {
 pub struct SearchResponse {
     pub hits: Vec<Hit>,
 }
+
+/// The answer of `POST /v1/answer` (the body is a `ContextRequest`): the CLEAR context, then one generation by the
+/// configured LLM over it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AnswerResponse {
+    /// The patient reference searched (`Patient/123`).
+    pub patient: String,
+    /// The model's answer.
+    pub answer: String,
+    /// The model's status for the question.
+    pub status: Status,
+    /// The passages the model cited, each once, in the order cited; every one is a passage of this context.
+    pub citations: Vec<Citation>,
+    /// Citations the model made of passages that are not in the context (dropped).
+    pub citations_refused: usize,
+    /// The notes of every passage the model was given (its whole context).
+    pub sources: Vec<String>,
+    /// Passages the model was given (the context's windows, then its chunks).
+    pub passages: usize,
+    /// The context's own answer (the rule vote over its windows), beside the model's.
+    pub rule_answer: Answer,
+    pub strategy: Strategy,
+    /// Tokens of the context (the configured tokenizer).
+    pub context_tokens: usize,
+    /// The model that answered, as the endpoint names it.
+    pub model: String,
+    pub usage: Usage,
+    /// Time the LLM endpoint took (the rest of the request is the service's own).
+    pub llm_ms: u64,
+}
+
+/// One cited passage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Citation {
+    /// Its number in the prompt (1-based).
+    pub passage: usize,
+    pub doc_id: String,
+    pub date: Option<String>,
+    pub section: String,
+    /// Byte offsets of the passage in the note's text.
+    pub start: usize,
+    pub end: usize,
+    pub text: String,
+}
+
+/// Tokens the generation used, as the endpoint counts them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}

@@ -2,7 +2,7 @@
 //! CLEAR windows across one patient's notes, chosen by alignment × section weight, merged, without copy-forward
 //! duplicates, cut to a token budget, with the answer those windows support), the stored windows as note
 //! fragments (`windows`; the write side builds them there too), the patient's facts (`facts`), and the
-//! concept-label index (`labels`).
+//! concept-label index (`labels`), and the generative step's prompt and answer check (`answer`).
 //!
 //! `reader` runs the method over its edges — the embedder, the store, the label cache — for one request; it is
 //! what the query service and `clinstream context` call. Everything else here is pure given its inputs (the
@@ -10,6 +10,7 @@
 //! the requests and answers. Nothing here logs a question or note text.
 
 pub mod align;
+pub mod answer;
 pub mod api;
 pub mod context;
 pub mod facts;

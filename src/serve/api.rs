@@ -19,7 +19,8 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// `bad_request`, `unauthorized`, `forbidden`, `payload_too_large`, `unsupported_media_type`, `not_ready`,
     /// `auth_unavailable`, `audit_unavailable`, `store_unavailable`, `store_failed`, `embed_failed`, `timeout`,
-    /// `not_found`, `method_not_allowed`.
+    /// `not_found`, `method_not_allowed`, and for answers `llm_not_configured`, `llm_unavailable`, `llm_timeout`,
+    /// `llm_failed`.
     pub code: String,
     /// Names the field or limit; never echoes request values.
     pub message: String,
@@ -66,6 +67,7 @@ fn openapi_types() -> Value {
     generator.subschema_for::<ContextResponse>();
     generator.subschema_for::<SearchRequest>();
     generator.subschema_for::<SearchResponse>();
+    generator.subschema_for::<AnswerResponse>();
     generator.subschema_for::<ErrorBody>();
     let components: Map<String, Value> = generator
         .take_definitions()
@@ -96,6 +98,18 @@ fn openapi_types() -> Value {
             }
         }})
     };
+    // The generative step: the context's request, one more way to fail at the LLM.
+    let mut answer = post(
+        "The CLEAR context for a question about one patient, then one generation by the configured LLM over it: the answer with citations to the context's passages",
+        "ContextRequest",
+        "AnswerResponse",
+    );
+    if let Some(responses) = answer["post"]["responses"].as_object_mut() {
+        responses.insert("501".into(), error("No LLM is configured (llm.base_url)"));
+        responses.insert("502".into(), error("The LLM endpoint failed or answered something unusable"));
+        responses.insert("503".into(), error("Not ready, the identity provider's keys, the vector store or the LLM endpoint unavailable, or the request's audit record not delivered (retry later)"));
+        responses.insert("504".into(), error("Not answered within serve.timeout_ms + llm.timeout_ms"));
+    }
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -105,6 +119,7 @@ fn openapi_types() -> Value {
         },
         "paths": {
             "/v1/context": post("The evidence for a clinical question about one patient, inside a token budget, and the answer it supports", "ContextRequest", "ContextResponse"),
+            "/v1/answer": answer,
             "/v1/search": post("Hybrid (dense + BM25, RRF) search over stored chunks with filters and neighbour expansion", "SearchRequest", "SearchResponse"),
             "/healthz": {"get": {"summary": "Alive", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/readyz": {"get": {"summary": "Ready: label index built, store reachable", "security": [], "responses": {"200": {"description": "ready"}, "503": {"description": "not ready"}}}},

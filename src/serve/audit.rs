@@ -17,7 +17,7 @@ use ring::hmac;
 use serde_json::{Value, json};
 
 use super::access::Who;
-use super::{ContextResponse, SearchResponse};
+use super::{AnswerResponse, ContextResponse, SearchResponse};
 use crate::config::Settings;
 use crate::telemetry::metrics::metrics;
 
@@ -151,6 +151,13 @@ impl Returned for SearchResponse {
             .filter_map(|h| doc_of(&h.payload))
             .collect();
         (self.hits.len(), docs.into_iter().collect())
+    }
+}
+
+impl Returned for AnswerResponse {
+    /// The passages the model was given, and their notes (its answer may draw on any of them).
+    fn returned(&self) -> (usize, Vec<String>) {
+        (self.passages, self.sources.clone())
     }
 }
 

@@ -14,12 +14,14 @@ use std::sync::Arc;
 
 use crate::config::Settings;
 use crate::embed::{EmbedError, Embedder};
+use crate::llm::{Llm, LlmError};
 use crate::query::Reader;
+use crate::query::answer::{self, Templates, Unusable};
 use crate::stages::Pipeline;
 use crate::store::{Filters, Store};
 
 pub use crate::query::ReadError;
-pub use api::{ContextRequest, ContextResponse, SearchRequest, SearchResponse};
+pub use api::{AnswerResponse, ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 
 /// The service: the reader it answers with, who may ask (`access`), where requests are recorded (`audit`).
 #[derive(Debug)]
@@ -27,6 +29,23 @@ pub struct Service {
     reader: Reader,
     authenticator: access::Authenticator,
     auditor: audit::Auditor,
+    llm: Option<Llm>,
+    templates: Templates,
+}
+
+/// Why `/v1/answer` gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// The context could not be read (as `/v1/context`).
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// No `llm.base_url`.
+    #[error("no LLM is configured (llm.base_url)")]
+    NotConfigured,
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+    #[error(transparent)]
+    Unusable(#[from] Unusable),
 }
 
 impl Service {
@@ -40,7 +59,77 @@ impl Service {
     ) -> anyhow::Result<Service> {
         let authenticator = access::Authenticator::new(&settings.serve).map_err(anyhow::Error::msg)?;
         let auditor = audit::Auditor::new(settings).map_err(anyhow::Error::msg)?;
-        Ok(Service { reader: Reader::new(settings, pipeline, embedder, store)?, authenticator, auditor })
+        let llm = Llm::new(&settings.llm).map_err(anyhow::Error::msg)?;
+        let templates = Templates::load(&settings.llm.prompt_dir).map_err(anyhow::Error::msg)?;
+        let reader = Reader::new(settings, pipeline, embedder, store)?;
+        Ok(Service { reader, authenticator, auditor, llm, templates })
+    }
+
+    /// `POST /v1/answer`: the CLEAR context for the request, then one generation over its passages (and nothing
+    /// else: the patient's own context), the model's citations checked against them.
+    pub async fn answer(&self, req: &ContextRequest) -> Result<AnswerResponse, AnswerError> {
+        let llm = self.llm.as_ref().ok_or(AnswerError::NotConfigured)?;
+        let context = self.reader.context(req).await?;
+        let passages = answer::passages(&context);
+        let messages = answer::messages(&self.templates, &req.question, &passages);
+        let clock = std::time::Instant::now();
+        let completion = llm.chat(&messages, Some(&answer::schema(passages.len()))).await;
+        let llm_ms = clock.elapsed().as_millis() as u64;
+        let m = crate::telemetry::metrics::metrics();
+        m.llm_duration.observe(clock.elapsed().as_secs_f64());
+        let outcome = match &completion {
+            Ok(_) => "ok",
+            Err(LlmError::Timeout) => "timeout",
+            Err(LlmError::Unavailable(_)) => "unavailable",
+            Err(LlmError::Failed(_)) => "failed",
+        };
+        m.llm_requests.with_label_values(&[outcome]).inc();
+        let completion = completion?;
+        let generated = answer::parse(&completion.content, passages.len()).inspect_err(|_| {
+            m.llm_requests.with_label_values(&["unusable"]).inc();
+        })?;
+        m.llm_citations_refused.inc_by(generated.refused as u64);
+        let status = serde_json::from_value(serde_json::Value::String(generated.status.clone()))
+            .map_err(|_| Unusable("has an unknown status"))?;
+        let sources: std::collections::BTreeSet<String> = passages.iter().map(|p| p.doc_id.clone()).collect();
+        Ok(AnswerResponse {
+            patient: context.patient.clone(),
+            answer: generated.answer,
+            status,
+            citations: generated
+                .citations
+                .iter()
+                .map(|&i| {
+                    let p = &passages[i];
+                    api::Citation {
+                        passage: i + 1,
+                        doc_id: p.doc_id.clone(),
+                        date: p.date.clone(),
+                        section: p.section.clone(),
+                        start: p.start,
+                        end: p.end,
+                        text: p.text.clone(),
+                    }
+                })
+                .collect(),
+            citations_refused: generated.refused,
+            sources: sources.into_iter().collect(),
+            passages: passages.len(),
+            rule_answer: context.answer.clone(),
+            strategy: context.strategy,
+            context_tokens: context.tokens,
+            model: completion.model,
+            usage: api::Usage {
+                prompt_tokens: completion.prompt_tokens,
+                completion_tokens: completion.completion_tokens,
+            },
+            llm_ms,
+        })
+    }
+
+    /// Whether an LLM is configured (`/v1/answer` answers).
+    pub fn llm_timeout(&self) -> Option<std::time::Duration> {
+        self.llm.as_ref().map(Llm::timeout)
     }
 
     /// Who may ask.

@@ -34,7 +34,7 @@ use crate::fhir::HttpClient;
 /// The largest discovery document or key set read.
 const MAX_DOCUMENT: usize = 1 << 20;
 
-/// An accepted signature algorithm by name: asymmetric ones only.
+/// An accepted signature algorithm by name: asymmetric ones only (`config::OIDC_ALGORITHMS`).
 pub fn algorithm(name: &str) -> Option<Algorithm> {
     Some(match name.trim() {
         "RS256" => Algorithm::RS256,
@@ -361,6 +361,13 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_configured_names_are_exactly_the_accepted_algorithms() {
+        for a in crate::config::OIDC_ALGORITHMS {
+            assert!(algorithm(a).is_some(), "{a}");
+        }
+    }
 
     #[test]
     fn only_asymmetric_algorithms_are_accepted() {

@@ -29,8 +29,9 @@ use tokio::sync::Semaphore;
 use super::access::{Patients, Principal};
 use super::api::{ErrorBody, ErrorDetail};
 use super::audit::{self, AuditRecord, Returned};
-use super::{ContextRequest, ReadError, SearchRequest, Service};
+use super::{AnswerError, ContextRequest, ReadError, SearchRequest, Service};
 use crate::http::Readiness;
+use crate::llm::LlmError;
 use crate::query::reader::patient_reference;
 use crate::store::StoreError;
 use crate::telemetry::metrics::metrics;
@@ -96,6 +97,7 @@ fn route_of(path: &str) -> &'static str {
     match path {
         "/v1/context" => "context",
         "/v1/search" => "search",
+        "/v1/answer" => "answer",
         _ => "other",
     }
 }
@@ -238,9 +240,10 @@ fn check_patient<T: Scoped>(principal: &Principal, request: &mut T) -> Result<()
 }
 
 /// Runs a request under the concurrency limit and the timeout, counting, timing and auditing it.
-async fn answer<T, R, F, Fut>(
+async fn answer<T, R, E, F, Fut>(
     api: &Api,
     route: &'static str,
+    timeout: Duration,
     caller: Caller,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
@@ -249,8 +252,9 @@ async fn answer<T, R, F, Fut>(
 where
     T: DeserializeOwned + Scoped,
     R: serde::Serialize + Returned,
+    E: IntoResponse,
     F: FnOnce(Arc<Service>, T) -> Fut,
-    Fut: std::future::Future<Output = Result<R, ReadError>>,
+    Fut: std::future::Future<Output = Result<R, E>>,
 {
     let clock = Instant::now();
     let mut record = AuditRecord {
@@ -289,7 +293,7 @@ where
             let _permit = api.permits.acquire().await;
             work(api.service.clone(), request).await
         };
-        match tokio::time::timeout(api.timeout, work).await {
+        match tokio::time::timeout(timeout, work).await {
             Ok(Ok(r)) => {
                 crate::http::set_store_reachable(true);
                 (record.returned, record.documents) = r.returned();
@@ -299,7 +303,10 @@ where
             Err(_) => error(
                 StatusCode::GATEWAY_TIMEOUT,
                 "timeout",
-                format!("not answered within {} ms (serve.timeout_ms)", api.timeout.as_millis()),
+                format!(
+                    "not answered within {} ms (serve.timeout_ms, + llm.timeout_ms for answers)",
+                    timeout.as_millis()
+                ),
             ),
         }
     }
@@ -326,8 +333,28 @@ async fn context(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    answer(&api, "context", caller, headers, body, |s, r: ContextRequest| async move { s.reader().context(&r).await })
-        .await
+    let t = api.timeout;
+    answer(
+        &api,
+        "context",
+        t,
+        caller,
+        headers,
+        body,
+        |s, r: ContextRequest| async move { s.reader().context(&r).await },
+    )
+    .await
+}
+
+/// `POST /v1/answer`: the context, then one generation; its deadline adds `llm.timeout_ms` to `serve.timeout_ms`.
+async fn generate(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let t = api.timeout + api.service.llm_timeout().unwrap_or_default();
+    answer(&api, "answer", t, caller, headers, body, |s, r: ContextRequest| async move { s.answer(&r).await }).await
 }
 
 async fn search(
@@ -336,8 +363,41 @@ async fn search(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    answer(&api, "search", caller, headers, body, |s, r: SearchRequest| async move { s.reader().search(&r).await })
+    let t = api.timeout;
+    answer(&api, "search", t, caller, headers, body, |s, r: SearchRequest| async move { s.reader().search(&r).await })
         .await
+}
+
+impl IntoResponse for AnswerError {
+    fn into_response(self) -> Response {
+        match self {
+            AnswerError::Read(e) => e.into_response(),
+            AnswerError::NotConfigured => error(
+                StatusCode::NOT_IMPLEMENTED,
+                "llm_not_configured",
+                "no LLM is configured for answers (llm.base_url)",
+            ),
+            AnswerError::Llm(LlmError::Timeout) => {
+                error(StatusCode::GATEWAY_TIMEOUT, "llm_timeout", "the LLM did not answer within llm.timeout_ms")
+            }
+            AnswerError::Llm(LlmError::Unavailable(why)) => {
+                tracing::warn!(why, "An answer failed: the LLM endpoint is unavailable.");
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "llm_unavailable",
+                    "the LLM endpoint is unavailable; retry later",
+                )
+            }
+            AnswerError::Llm(LlmError::Failed(why)) => {
+                tracing::warn!(why, "An answer failed at the LLM endpoint.");
+                error(StatusCode::BAD_GATEWAY, "llm_failed", "the LLM endpoint failed")
+            }
+            AnswerError::Unusable(e) => {
+                tracing::warn!(error = %e, "An answer failed: the LLM's answer was unusable.");
+                error(StatusCode::BAD_GATEWAY, "llm_failed", "the LLM's answer was not the JSON asked for")
+            }
+        }
+    }
 }
 
 /// Another method than POST on a `/v1` route: the documented error body, `Allow: POST`, and counted.
@@ -348,7 +408,10 @@ async fn method_not_allowed() -> Response {
 }
 
 async fn not_found() -> Response {
-    count("other", error(StatusCode::NOT_FOUND, "not_found", "no such route (POST /v1/context, POST /v1/search)"))
+    count(
+        "other",
+        error(StatusCode::NOT_FOUND, "not_found", "no such route (POST /v1/context, POST /v1/search, POST /v1/answer)"),
+    )
 }
 
 /// The API routes with health and metrics.
@@ -362,6 +425,7 @@ pub fn router(service: Arc<Service>, readiness: Readiness) -> Router {
     let v1 = Router::new()
         .route("/v1/context", post(context).fallback(method_not_allowed))
         .route("/v1/search", post(search).fallback(method_not_allowed))
+        .route("/v1/answer", post(generate).fallback(method_not_allowed))
         .layer(DefaultBodyLimit::max(s.max_body_bytes))
         .route_layer(middleware::from_fn_with_state(api.clone(), authenticate))
         .with_state(api);

@@ -53,6 +53,9 @@ pub const NAMES: &[&str] = &[
     API_DURATION,
     API_DENIALS,
     AUDIT_RECORDS,
+    LLM_REQUESTS,
+    LLM_DURATION,
+    LLM_CITATIONS_REFUSED,
     FHIR_FETCHES,
     FHIR_FETCH_DURATION,
 ];
@@ -67,6 +70,9 @@ pub const API_REQUESTS: &str = "clinstream_api_requests_total";
 pub const API_DURATION: &str = "clinstream_api_request_duration_seconds";
 pub const API_DENIALS: &str = "clinstream_api_denials_total";
 pub const AUDIT_RECORDS: &str = "clinstream_audit_records_total";
+pub const LLM_REQUESTS: &str = "clinstream_llm_requests_total";
+pub const LLM_DURATION: &str = "clinstream_llm_request_duration_seconds";
+pub const LLM_CITATIONS_REFUSED: &str = "clinstream_llm_citations_refused_total";
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
 pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
 pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
@@ -170,6 +176,12 @@ pub struct Metrics {
     pub api_denials: IntCounterVec,
     /// `sink`: kafka | log; `outcome`: delivered | failed. Audit records of query-service requests.
     pub audit_records: IntCounterVec,
+    /// `outcome`: ok | timeout | unavailable | failed | unusable. Generations asked of the LLM (`/v1/answer`).
+    pub llm_requests: IntCounterVec,
+    /// Time of one generation at the LLM endpoint (permit wait and retries included).
+    pub llm_duration: Histogram,
+    /// Citations the LLM made of passages outside the context it was given (dropped).
+    pub llm_citations_refused: IntCounter,
     /// `outcome`: one of `FETCH_OUTCOMES`. Attachment fetches by reference, each attempt counted.
     pub fhir_fetches: IntCounterVec,
     /// Time of one fetch attempt (connection, response and body), whatever its outcome.
@@ -440,6 +452,24 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            llm_requests: register(
+                &r,
+                IntCounterVec::new(Opts::new(LLM_REQUESTS, "Generations asked of the LLM, by outcome."), &["outcome"])
+                    .unwrap(),
+            ),
+            llm_duration: register(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new(LLM_DURATION, "Time of one generation at the LLM endpoint.")
+                        .buckets(vec![0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+                )
+                .unwrap(),
+            ),
+            llm_citations_refused: register(
+                &r,
+                IntCounter::new(LLM_CITATIONS_REFUSED, "Citations the LLM made of passages outside its context.")
+                    .unwrap(),
+            ),
             fhir_fetches: register(
                 &r,
                 IntCounterVec::new(
@@ -514,6 +544,9 @@ pub fn metrics() -> &'static Metrics {
         }
         for reason in DENIAL_REASONS {
             m.api_denials.with_label_values(&[reason]);
+        }
+        for outcome in ["ok", "timeout", "unavailable", "failed", "unusable"] {
+            m.llm_requests.with_label_values(&[outcome]);
         }
         for sink in ["kafka", "log"] {
             for outcome in ["delivered", "failed"] {

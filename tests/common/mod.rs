@@ -3,9 +3,11 @@
 #![allow(dead_code)]
 
 pub mod fhir;
+pub mod llm;
 pub mod oidc;
 pub mod proxy;
 pub mod qdrant;
+pub mod service;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

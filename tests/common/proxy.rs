@@ -1,10 +1,11 @@
 //! A TCP proxy on loopback that holds every chunk it forwards, in either direction, for a fixed delay: a slow
-//! link to a store (or any server), for backpressure and timeout tests. Stopped when dropped.
+//! link to a store (or any server), for backpressure and timeout tests. It keeps a copy of what clients sent
+//! (`sent`), to check what reached the server. Stopped when dropped.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct SlowProxy {
@@ -12,6 +13,8 @@ pub struct SlowProxy {
     stop: Arc<AtomicBool>,
     /// Bytes forwarded so far (both directions).
     pub forwarded: Arc<AtomicU64>,
+    /// Every byte clients sent through it, in arrival order.
+    pub sent: Arc<Mutex<Vec<u8>>>,
 }
 
 impl SlowProxy {
@@ -31,26 +34,28 @@ impl SlowProxy {
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
         let forwarded = Arc::new(AtomicU64::new(0));
+        let sent = Arc::new(Mutex::new(Vec::new()));
         let chunks = Arc::new(AtomicU64::new(0));
-        let (stop2, forwarded2) = (Arc::clone(&stop), Arc::clone(&forwarded));
+        let (stop2, forwarded2, sent2) = (Arc::clone(&stop), Arc::clone(&forwarded), Arc::clone(&sent));
         std::thread::spawn(move || {
             while !stop2.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
                         client.set_nonblocking(false).unwrap();
-                        for (from, to) in [(&client, &server), (&server, &client)] {
+                        for (i, (from, to)) in [(&client, &server), (&server, &client)].into_iter().enumerate() {
                             let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
                             let (stop, forwarded) = (Arc::clone(&stop2), Arc::clone(&forwarded2));
+                            let copy = (i == 0).then(|| Arc::clone(&sent2));
                             let timing = Timing { started, delay, period, stall, chunks: Arc::clone(&chunks) };
-                            std::thread::spawn(move || pump(from, to, timing, &stop, &forwarded));
+                            std::thread::spawn(move || pump(from, to, timing, &stop, &forwarded, copy));
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        SlowProxy { port, stop, forwarded }
+        SlowProxy { port, stop, forwarded, sent }
     }
 }
 
@@ -79,13 +84,23 @@ impl Timing {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, timing: Timing, stop: &AtomicBool, forwarded: &AtomicU64) {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    timing: Timing,
+    stop: &AtomicBool,
+    forwarded: &AtomicU64,
+    copy: Option<Arc<Mutex<Vec<u8>>>>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if let Some(c) = &copy {
+            c.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
         std::thread::sleep(timing.wait());
         if stop.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
             break;

@@ -1,0 +1,147 @@
+//! The generative step, `POST /v1/answer`, against a real LLM behind an OpenAI-compatible server (llama.cpp's
+//! `llama-server` with SmolLM2-135M, `tools/llm/build.sh`; or `CLINSTREAM_TEST_LLM_URL`), the real embedding model
+//! and the embedded store. A 135M model answers poorly: these tests check the protocol, the JSON answer, the
+//! citations (every one a passage of the context), the limits and the failures — never clinical correctness.
+//!
+//! Cases: an answer with citations inside the context and the notes it drew on; the prompt (seen through a
+//! recording proxy in front of the server) holds the asking patient's passages and nothing of another patient's;
+//! a too-slow LLM is a 504, a down one a 503 (and never blocks `/v1/context`), none configured a 501; access and
+//! audit as for every route; no question, note text, prompt or completion in the logs.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use clinstream::config::{Secret, Settings};
+use common::llm::LlmServer;
+use common::proxy::SlowProxy;
+use common::service::{self, call};
+use serde_json::{Value, json};
+
+const KEY: &str = "svc-key-answer";
+const PATIENT: &str = "pat-answer-1";
+const OTHER: &str = "pat-answer-2";
+const MINE: &str = "OTTERCANARY-Pell-3381";
+const THEIRS: &str = "HERONCANARY-Voss-7720";
+const ASKED: &str = "LYNXCANARY-Quill-5512";
+
+fn notes() -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        ("ans-1", PATIENT, format!("FINDINGS: Small left pleural effusion ({MINE}).\n\nIMPRESSION: Pleural effusion.")),
+        ("ans-2", PATIENT, "ASSESSMENT: No pneumothorax. Pleural effusion, stable.".to_string()),
+        ("ans-3", OTHER, format!("FINDINGS: Large pleural effusion on the right ({THEIRS}).")),
+    ]
+}
+
+fn settings(dir: &Path, llm: Option<(&str, &LlmServer)>) -> Option<Settings> {
+    let mut s = common::model_settings(dir)?;
+    s.serve.api_keys = Secret::new(format!("ops:{KEY}"));
+    s.serve.addr = "127.0.0.1:0".into();
+    s.serve.cache_dir = std::env::temp_dir().join("clinstream-test-label-cache").display().to_string();
+    s.serve.default_budget_tokens = 512;
+    if let Some((url, server)) = llm {
+        s.llm.base_url = url.to_string();
+        s.llm.model = server.model.clone();
+        s.llm.api_key = Secret::new(server.key.clone());
+        // A 2-core machine running the whole suite beside it: generous, the deadline cases set their own.
+        s.llm.timeout_ms = 240_000;
+        s.llm.max_tokens = 256;
+    }
+    Some(s)
+}
+
+fn ask(port: u16, id: &str) -> (u16, Value) {
+    let q = format!("Does the patient have a pleural effusion? {ASKED}");
+    let (st, v, _) = call(port, "/v1/answer", Some(KEY), id, &json!({"patient": PATIENT, "question": q}));
+    (st, v)
+}
+
+#[test]
+fn answers_cite_only_their_context_and_the_llm_sees_only_the_asking_patient() {
+    let _ = service::logs();
+    let Some(server) = LlmServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Every byte the service sends the LLM passes a recording proxy (no delay).
+    let proxy = SlowProxy::start(server.port, Duration::ZERO);
+    let url = server.url.replacen(&format!(":{}", server.port), &format!(":{}", proxy.port), 1);
+    let Some(s) = settings(dir.path(), Some((&url, &server))) else { return };
+    let rt = service::runtime();
+    let port = service::start(&rt, &s, &notes());
+
+    let (st, v) = ask(port, "a1");
+    assert_eq!(st, 200, "{v}");
+    let passages = v["passages"].as_u64().unwrap() as usize;
+    assert!(passages >= 1, "{v}");
+    assert!(["present", "absent", "uncertain", "not_mentioned"].contains(&v["status"].as_str().unwrap()), "{v}");
+    assert!(v["answer"].is_string() && v["model"].is_string(), "{v}");
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0, "{v}");
+    let sources: Vec<&str> = v["sources"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(!sources.is_empty() && sources.iter().all(|d| d.starts_with("ans-") && *d != "ans-3"), "{sources:?}");
+    for c in v["citations"].as_array().unwrap() {
+        let n = c["passage"].as_u64().unwrap() as usize;
+        assert!((1..=passages).contains(&n), "a citation outside the context: {c}");
+        assert!(sources.contains(&c["doc_id"].as_str().unwrap()), "{c}");
+        assert!(!c["text"].as_str().unwrap().is_empty());
+    }
+    assert!(v["rule_answer"]["status"].is_string(), "the rule vote beside the model's answer: {v}");
+
+    // What reached the LLM: this patient's passages, nothing of the other patient's.
+    let prompt = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
+    assert!(prompt.contains("/chat/completions") && prompt.contains("json_schema"), "{prompt}");
+    assert!(prompt.contains(MINE), "the patient's own passage is in the prompt");
+    assert!(!prompt.contains(THEIRS), "another patient's note reached the LLM");
+
+    // Nothing of the question, the notes or the completion in the logs.
+    let log = service::log_text();
+    for secret in [MINE, THEIRS, ASKED, v["answer"].as_str().unwrap()] {
+        assert!(secret.len() < 4 || !log.contains(secret), "the log holds {secret}");
+    }
+    let metrics = common::http_get(port, "/metrics").unwrap().1;
+    assert!(common::metric_value(&metrics, "clinstream_llm_requests_total{outcome=\"ok\"}").unwrap() >= 1.0);
+    assert!(
+        common::metric_value(&metrics, "clinstream_api_requests_total{route=\"answer\",status=\"200\"}").unwrap()
+            >= 1.0
+    );
+}
+
+#[test]
+fn a_slow_llm_is_a_504_a_down_one_a_503_and_none_a_501() {
+    let _ = service::logs();
+    let Some(server) = LlmServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let rt = service::runtime();
+
+    // Slow: every chunk to and from the server held longer than the whole deadline.
+    let slow = SlowProxy::start(server.port, Duration::from_secs(5));
+    let url = server.url.replacen(&format!(":{}", server.port), &format!(":{}", slow.port), 1);
+    let Some(mut s) = settings(dir.path(), Some((&url, &server))) else { return };
+    s.llm.timeout_ms = 1_000;
+    s.store.path = dir.path().join("slow").display().to_string();
+    let port = service::start(&rt, &s, &notes());
+    let (st, v) = ask(port, "s1");
+    assert_eq!((st, v["error"]["code"].as_str()), (504, Some("llm_timeout")), "{v}");
+    // The context route is not held by the LLM.
+    let (st, _, _) = call(port, "/v1/context", Some(KEY), "s2", &json!({"patient": PATIENT, "question": "effusion?"}));
+    assert_eq!(st, 200);
+
+    // Down: nothing listens (port 1 on loopback is privileged and unused).
+    let Some(mut s) = settings(dir.path(), Some(("http://127.0.0.1:1/v1", &server))) else { return };
+    s.llm.max_retries = 1;
+    s.llm.retry_initial_ms = 50;
+    s.store.path = dir.path().join("down").display().to_string();
+    let port = service::start(&rt, &s, &notes());
+    let (st, v) = ask(port, "d1");
+    assert_eq!((st, v["error"]["code"].as_str()), (503, Some("llm_unavailable")), "{v}");
+
+    // None configured.
+    let Some(mut s) = settings(dir.path(), None) else { return };
+    s.store.path = dir.path().join("none").display().to_string();
+    let port = service::start(&rt, &s, &notes());
+    let (st, v) = ask(port, "n1");
+    assert_eq!((st, v["error"]["code"].as_str()), (501, Some("llm_not_configured")), "{v}");
+    // Another patient's answer is refused like every route's (a key has every patient; a bad key is 401).
+    let (st, _, _) = call(port, "/v1/answer", Some("nope"), "n2", &json!({"patient": OTHER, "question": "q"}));
+    assert_eq!(st, 401);
+    drop(server);
+}
