@@ -129,7 +129,7 @@ fmt:
 
 # The fault tests at full size (tests/kafka.rs, `chaos_*`, ignored in `make test`): 10,000 events with 20 SIGKILLs and
 # indexing into a Qdrant server, with and without transactions; the Qdrant server and the broker each away for a
-# minute mid-stream. Each prints a FIGURES line (recorded in docs/reliability.md). About 15-25 minutes on 2 cores.
+# minute mid-stream; a three-peer Qdrant cluster losing a peer for a minute. Each prints a FIGURES line (recorded in docs/reliability.md). About 15-25 minutes on 2 cores.
 chaos: tools model
 	set -o pipefail; CLINSTREAM_REQUIRE_KAFKA=1 CLINSTREAM_REQUIRE_QDRANT=1 $(CARGO) test --release --locked --test kafka --test embed chaos_ -- \
 	  --ignored --nocapture --test-threads=1 2>&1 | tee $(CARGO_TARGET_DIR)/chaos.log

@@ -8,6 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clinstream::config::Settings;
 use clinstream::embed::Embedder;
@@ -1352,4 +1353,91 @@ async fn a_sharded_embedded_store_answers_as_one_shard_does() {
         let got: Vec<String> = store.chunks(&wanted).await.unwrap().into_iter().map(|h| h.id).collect();
         assert_eq!(got, wanted, "chunks by id, in the order asked, from any shard");
     }
+}
+
+/// A Qdrant cluster, not one node: three peers in distributed mode on loopback, the collection with three shards
+/// and two replicas of each, indexed through the first peer. The third peer is SIGKILLed a third of the way through
+/// the stream and brought back two thirds of the way: no document fails (no dead letter, the indexer never gives
+/// up), and once the peer's replicas have recovered, every point is there exactly once on every replica (counted
+/// with consistency `all`, against what each write reported). `make chaos` runs it at length with the peer away a
+/// minute (`chaos_qdrant_cluster_peer_away_a_minute`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qdrant_cluster_loses_a_peer_mid_stream_and_gets_it_back_whole() {
+    cluster_loses_a_peer(60, Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "full size: make chaos"]
+async fn chaos_qdrant_cluster_peer_away_a_minute() {
+    cluster_loses_a_peer(1_200, Duration::from_secs(60)).await;
+}
+
+/// Indexes `n` notes into a three-peer cluster; the third peer is killed at n/3 and restarted at 2n/3 or, when
+/// later, once it has been away `away`.
+async fn cluster_loses_a_peer(n: usize, away: Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut cluster) = common::qdrant::QdrantCluster::start(3) else { return };
+    let Some(mut s) = server_settings(dir.path(), &cluster.peers[0]) else { return };
+    s.store.shards = 3;
+    s.store.replication_factor = 2;
+    s.store.write_consistency = 1;
+    let collection = s.store.collection.clone();
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    let mut written = 0u64;
+    let (mut killed, mut back, mut during) = (None, None, 0);
+    let clock = std::time::Instant::now();
+    for i in 0..n {
+        if i == n / 3 {
+            tokio::task::block_in_place(|| cluster.peers[2].kill());
+            killed = Some(std::time::Instant::now());
+        }
+        if back.is_none() && i >= 2 * n / 3 && killed.is_some_and(|k| k.elapsed() >= away) {
+            tokio::task::block_in_place(|| cluster.peers[2].restart());
+            back = Some(std::time::Instant::now());
+        }
+        let text = if i % 2 == 0 { CARDIAC } else { RESPIRATORY };
+        let record = note(&format!("cluster-{i}"), "1", "current", &format!("Patient/c{}", i % 7), text);
+        let doc = Arc::new(pipeline.process(&record).unwrap());
+        let points = indexer.index(&doc).await.unwrap_or_else(|e| panic!("document {i} failed: {e}"));
+        assert!(points >= 1);
+        written += points as u64;
+        if killed.is_some() && back.is_none() {
+            during += 1;
+        }
+    }
+    if back.is_none() {
+        let left = away.saturating_sub(killed.map_or(Duration::ZERO, |k| k.elapsed()));
+        tokio::time::sleep(left).await;
+        tokio::task::block_in_place(|| cluster.peers[2].restart());
+        back = Some(std::time::Instant::now());
+    }
+    // A version replacing the first note once the peer is back: its old points go from every replica.
+    let first = Arc::new(pipeline.process(&note("cluster-0", "1", "current", "Patient/c0", CARDIAC)).unwrap());
+    let second = Arc::new(pipeline.process(&note("cluster-0", "2", "current", "Patient/c0", RESPIRATORY)).unwrap());
+    let (old, new) = (indexer.index(&first).await.unwrap() as u64, indexer.index(&second).await.unwrap() as u64);
+    written = written - old + new;
+    let recovered = tokio::task::block_in_place(|| {
+        common::wait_until(Duration::from_secs(180), "the restarted peer's replicas to recover", || {
+            cluster.replicas_active(&collection)
+        });
+        let recovered = back.map(|b| b.elapsed()).unwrap_or_default();
+        let mut last = None;
+        let whole = common::try_wait_until(Duration::from_secs(60), || {
+            last = cluster.count_all(&collection);
+            last == Some(written)
+        });
+        assert!(whole, "every replica holds every point: counted {last:?} with consistency all, {written} written");
+        recovered
+    });
+    assert_eq!(indexer.store().count().await.unwrap() as u64, written);
+    println!(
+        "FIGURES Qdrant cluster: 3 peers, 3 shards x 2 replicas; {n} notes, peer 3 SIGKILLed at {} and away {:.0} s \
+         ({during} notes indexed meanwhile); 0 failed documents; replicas active {:.1} s after the restart; {written} \
+         chunk points with consistency all = written; {:.0} s",
+        n / 3,
+        killed.zip(back).map_or(0.0, |(k, b)| (b - k).as_secs_f64()),
+        recovered.as_secs_f64(),
+        clock.elapsed().as_secs_f64()
+    );
 }

@@ -388,8 +388,27 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, if chunked { dechunk(body)? } else { body.to_string() }))
 }
 
+/// POST a JSON body on loopback: (status, body), or None when nothing answers.
+pub fn http_post_json(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    Some((status, if chunked { dechunk(body)? } else { body.to_string() }))
+}
+
 /// The body of a `Transfer-Encoding: chunked` response.
-fn dechunk(mut body: &str) -> Option<String> {
+pub fn dechunk(mut body: &str) -> Option<String> {
     let mut out = String::new();
     loop {
         let (size, rest) = body.split_once("\r\n")?;

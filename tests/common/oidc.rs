@@ -142,22 +142,9 @@ fn exchange(port: u16, head: &str, body: &str) -> (u16, String) {
     let out = String::from_utf8_lossy(&out).to_string();
     let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or_default();
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { super::dechunk(body).unwrap_or_default() } else { body.to_string() };
     (status, body)
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {

@@ -169,3 +169,78 @@ impl Drop for QdrantServer {
         }
     }
 }
+
+/// Peers of the Qdrant server in distributed mode on loopback (`cluster.enabled`, a p2p port each, the first peer
+/// the others bootstrap from), as production runs Qdrant. Each peer is a `QdrantServer` the test may SIGKILL and
+/// restart on its storage. Never an external `QDRANT_URL` (its peers cannot be killed): SKIPPED there.
+pub struct QdrantCluster {
+    pub peers: Vec<QdrantServer>,
+}
+
+impl QdrantCluster {
+    /// Starts `n` peers and waits until the first one sees all of them.
+    pub fn start(n: usize) -> Option<QdrantCluster> {
+        if std::env::var("QDRANT_URL").is_ok() {
+            eprintln!("SKIPPED: this test starts and kills its own Qdrant peers; QDRANT_URL points elsewhere");
+            return None;
+        }
+        let p2p: Vec<u16> = (0..n).map(|_| super::free_port()).collect();
+        let mut peers = Vec::new();
+        for (i, port) in p2p.iter().enumerate() {
+            let mut extra = vec![
+                ("QDRANT__CLUSTER__ENABLED".to_string(), "true".to_string()),
+                ("QDRANT__CLUSTER__P2P__PORT".to_string(), port.to_string()),
+                ("QDRANT_URI".to_string(), format!("http://127.0.0.1:{port}")),
+            ];
+            if i > 0 {
+                extra.push(("QDRANT_BOOTSTRAP".to_string(), format!("http://127.0.0.1:{}", p2p[0])));
+            }
+            let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            peers.push(QdrantServer::start_with(&extra)?);
+        }
+        let cluster = QdrantCluster { peers };
+        super::wait_until(Duration::from_secs(120), "every Qdrant peer to join the cluster", || {
+            cluster.peer_count() == n
+        });
+        Some(cluster)
+    }
+
+    /// The peers the first peer knows of.
+    pub fn peer_count(&self) -> usize {
+        super::http_get(self.peers[0].http_port, "/cluster")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .and_then(|v| v["result"]["peers"].as_object().map(|p| p.len()))
+            .unwrap_or(0)
+    }
+
+    /// Whether every replica of every shard of `collection` is active (after a peer came back: recovered).
+    pub fn replicas_active(&self, collection: &str) -> bool {
+        let path = format!("/collections/{collection}/cluster");
+        self.peers.iter().all(|p| {
+            let Some((200, body)) = super::http_get(p.http_port, &path) else { return false };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else { return false };
+            let r = &v["result"];
+            let states = r["local_shards"].as_array().into_iter().chain(r["remote_shards"].as_array()).flatten();
+            let mut any = false;
+            for s in states {
+                any = true;
+                if s["state"] != "Active" {
+                    return false;
+                }
+            }
+            any
+        })
+    }
+
+    /// The exact number of chunk points (entity windows left out) of `collection`, read with consistency `all`
+    /// (every replica answers).
+    pub fn count_all(&self, collection: &str) -> Option<u64> {
+        let path = format!("/collections/{collection}/points/count?consistency=all");
+        let body = r#"{"exact": true, "filter": {"must_not": [{"key": "record", "match": {"value": "window"}}]}}"#;
+        let (status, body) = super::http_post_json(self.peers[0].http_port, &path, body)?;
+        if status != 200 {
+            return None;
+        }
+        serde_json::from_str::<serde_json::Value>(&body).ok()?["result"]["count"].as_u64()
+    }
+}
