@@ -248,10 +248,17 @@ impl ServerStore {
             )
             .await;
         if let Err(e) = created {
-            // Another replica may have created it first.
-            let exists = self.client.collection_exists(&self.collection).await.unwrap_or(false);
-            if !exists {
-                return Err(classify("create_collection", e));
+            // Created meanwhile: by another replica, or by this very call whose answer was lost (the client's
+            // timeout fired after the server had acted), so that the retry finds it.
+            if matches!(&e, QdrantError::ResponseError { status } if status.code() == tonic::Code::AlreadyExists) {
+                return Ok(());
+            }
+            match self.client.collection_exists(&self.collection).await {
+                Ok(true) => {}
+                Ok(false) => return Err(classify("create_collection", e)),
+                // The check itself did not get through (a slow or broken link): retried like any outage, never
+                // taken for "not there".
+                Err(probe) => return Err(classify("collection_exists", probe)),
             }
         }
         Ok(())
