@@ -375,28 +375,11 @@ pub fn malformed_corpus() -> Vec<Case> {
     cases
 }
 
-/// GET on loopback: (status, body), or None when nothing answers.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+/// One HTTP/1.1 exchange on loopback (`head` holds `Connection: close`): (status, body, de-chunked), or None when
+/// nothing answers or the answer cannot be read within `timeout`.
+pub fn http_exchange(port: u16, head: &str, body: &str, timeout: Duration) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
-    Some((status, if chunked { dechunk(body)? } else { body.to_string() }))
-}
-
-/// POST a JSON body on loopback: (status, body), or None when nothing answers.
-pub fn http_post_json(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n",
-        body.len()
-    );
+    s.set_read_timeout(Some(timeout)).ok()?;
     s.write_all(head.as_bytes()).ok()?;
     s.write_all(body.as_bytes()).ok()?;
     let mut out = String::new();
@@ -405,6 +388,22 @@ pub fn http_post_json(port: u16, path: &str, body: &str) -> Option<(u16, String)
     let (head, body) = out.split_once("\r\n\r\n")?;
     let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
     Some((status, if chunked { dechunk(body)? } else { body.to_string() }))
+}
+
+/// GET on loopback: (status, body), or None when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let head = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    http_exchange(port, &head, "", Duration::from_secs(5))
+}
+
+/// POST a JSON body on loopback: (status, body), or None when nothing answers.
+pub fn http_post_json(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    http_exchange(port, &head, body, Duration::from_secs(60))
 }
 
 /// The body of a `Transfer-Encoding: chunked` response.

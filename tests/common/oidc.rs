@@ -5,8 +5,7 @@
 //! Without Node or the package the tests say SKIPPED — unless `CLINSTREAM_REQUIRE_OIDC=1` (set by `make test`),
 //! where that is a failure.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -133,18 +132,7 @@ pub fn signature(token: &str) -> &str {
 }
 
 fn exchange(port: u16, head: &str, body: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let out = String::from_utf8_lossy(&out).to_string();
-    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or_default();
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { super::dechunk(body).unwrap_or_default() } else { body.to_string() };
-    (status, body)
+    super::http_exchange(port, head, body, Duration::from_secs(30)).unwrap_or((0, String::new()))
 }
 
 fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
