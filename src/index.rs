@@ -500,7 +500,9 @@ impl Cpu {
     /// The entity-window points of a document version (no vectors; found by filter): see `query::windows`.
     fn window_points(&self, doc: &Document, version: &str) -> Vec<Point> {
         let lexicon = &self.compiled.lexicon;
-        let windows = query::windows::build(&doc.note.text, &doc.sections, &doc.mentions, lexicon, self.window_words);
+        let relations = query::windows::relations(&doc.kg);
+        let windows =
+            query::windows::build(&doc.note.text, &doc.sections, &doc.mentions, &relations, lexicon, self.window_words);
         windows
             .into_iter()
             .map(|w| {

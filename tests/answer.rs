@@ -145,3 +145,75 @@ fn a_slow_llm_is_a_504_a_down_one_a_503_and_none_a_501() {
     assert_eq!(st, 401);
     drop(server);
 }
+
+/// `clinstream-lab eval qa --llm`: every sampled question's context goes to the model with the service's prompt and
+/// schema, and the report scores its statuses beside the rule vote's, with its tokens and time — against the real
+/// server, through the recording proxy, so the test also sees that only the asked patient's text reached it.
+#[test]
+fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
+    let Some(server) = LlmServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = SlowProxy::start(server.port, Duration::ZERO);
+    let url = server.url.replacen(&format!(":{}", server.port), &format!(":{}", proxy.port), 1);
+    let Some(s) = settings(dir.path(), Some((&url, &server))) else { return };
+    let doc = |id: &str, patient: &str, text: &str| {
+        use base64::Engine as _;
+        json!({"resourceType": "DocumentReference", "id": id, "status": "current", "date": "2024-01-02",
+            "subject": {"reference": format!("Patient/{patient}")},
+            "content": [{"attachment": {"contentType": "text/plain",
+                "data": base64::engine::general_purpose::STANDARD.encode(text)}}]})
+        .to_string()
+    };
+    let docs = [
+        doc("e-a", "a", &format!("FINDINGS: Small right pleural effusion ({MINE}).\nIMPRESSION: Pleural effusion.")),
+        doc("e-b", "b", &format!("FINDINGS: No pleural effusion ({THEIRS}). Heart size is enlarged.")),
+    ];
+    let question = |patient: &str, q: &str, answer: &str| {
+        json!({"patient": patient, "question": q, "variable": "v", "answer": answer, "needle_doc_id": "",
+            "evidence": []})
+        .to_string()
+    };
+    let questions = [
+        question("a", "Is there a pleural effusion?", "yes"),
+        question("b", "Does the patient have cardiomegaly?", "yes"),
+        question("a", "Does the patient have cardiomegaly?", "no"),
+        question("b", "Is there a pleural effusion?", "no"),
+    ];
+    let (documents, questions_path) = (dir.path().join("documents.ndjson"), dir.path().join("questions.jsonl"));
+    std::fs::write(&documents, docs.join("\n")).unwrap();
+    std::fs::write(&questions_path, questions.join("\n")).unwrap();
+    let rt = service::runtime();
+    let report = rt.block_on(async {
+        let pipeline = clinstream::stages::Pipeline::new(&s).unwrap();
+        let embedder = clinstream::embed::Embedder::start_async(&s.embed).await.unwrap();
+        let llm = clinstream::llm::Llm::new(&s.llm).unwrap().expect("an endpoint");
+        let templates = clinstream::query::answer::Templates::default();
+        let eval_llm = clinstream::eval::qa::EvalLlm { llm: &llm, templates: &templates };
+        let strategies = vec!["clear".to_string()];
+        let cache = dir.path().join("cache");
+        let run = clinstream::eval::qa::QaRun {
+            documents: &documents,
+            questions: &questions_path,
+            budget_tokens: 128,
+            window_words: 150,
+            strategies: &strategies,
+            label_cache: &cache,
+            show_errors: false,
+            chunker: None,
+            dense_weight: s.store.dense_weight,
+            llm: Some(&eval_llm),
+            sample: 2,
+        };
+        clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap()
+    });
+    let clear = &report.strategies[0];
+    assert_eq!(clear.questions, 2, "every second question: {clear:?}");
+    let l = clear.llm.as_ref().expect("an LLM report");
+    assert_eq!((l.asked, l.failed, l.citations_refused), (2, 0, 0), "{l:?}");
+    assert!((0.0..=1.0).contains(&l.accuracy), "{l:?}");
+    assert_eq!(l.rule_accuracy, clear.answer_accuracy, "the rule vote over the same questions: {l:?}");
+    assert!(l.prompt_tokens_mean > 0.0 && l.completion_tokens_mean > 0.0 && l.ms_max > 0, "{l:?}");
+    // The questions asked were patient a's effusion and a's cardiomegaly: b's note never reached the model.
+    let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
+    assert!(sent.contains(MINE) && !sent.contains(THEIRS), "only the asked patient's notes reach the LLM");
+}

@@ -1105,6 +1105,8 @@ async fn eval_qa_on_a_small_record_set() {
         show_errors: false,
         chunker: None,
         dense_weight: s.store.dense_weight,
+        llm: None,
+        sample: 1,
     };
     let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
     assert_eq!((r.documents, r.patients), (4, 2));

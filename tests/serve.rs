@@ -101,7 +101,7 @@ fn records() -> Vec<Vec<u8>> {
             "Progress note",
             &format!(
                 "HISTORY OF PRESENT ILLNESS: Dyspnea. {}\n\nASSESSMENT AND PLAN: Pleural effusion, enlarging; \
-                 thoracentesis planned. {}",
+                 thoracentesis planned, treated with furosemide. {}",
                 filler(40),
                 filler(300)
             ),
@@ -255,6 +255,35 @@ async fn serves_context_and_search(s: Settings) {
             "a fill chunk overlaps a window: {c}"
         );
     }
+    // Each window and chunk says which path produced it: the effusion's own mentions, the patient's nearest chunks.
+    assert!(v["answer_mentions"].as_u64().unwrap() >= 1, "{v}");
+    let paths: Vec<&str> = v["windows"].as_array().unwrap().iter().map(|w| w["path"].as_str().unwrap()).collect();
+    assert!(paths.contains(&"answer_target") && paths.iter().all(|p| ["answer_target", "related"].contains(p)));
+    assert!(chunks.iter().all(|c| c["path"] == "dense"), "{v}");
+
+    // The lexicon finds no mention of what is asked (p1 has no pneumothorax): the windows of related entities get
+    // half the budget at most, the nearest chunks the rest, and the response says so.
+    let missed = api
+        .context(json!({"patient": "Patient/p1", "question": "Is there a pneumothorax?",
+        "budget_tokens": 512}))
+        .await;
+    assert_eq!(missed["answer_mentions"], 0, "{missed}");
+    assert_eq!(missed["answer"]["status"], "not_mentioned", "{missed}");
+    let windows = missed["windows"].as_array().unwrap();
+    let related_tokens: u64 = windows.iter().map(|w| w["tokens"].as_u64().unwrap()).sum();
+    assert!(related_tokens <= 512 / 2, "{missed}");
+    assert!(windows.iter().all(|w| w["path"] == "related"), "{missed}");
+    assert_eq!(missed["strategy"], if windows.is_empty() { "dense_fallback" } else { "clear" }, "{missed}");
+    let filled = missed["chunks"].as_array().expect("the dense path's chunks");
+    assert!(
+        !filled.is_empty() && filled.iter().all(|c| c["path"] == "dense" && c["payload"]["patient"] == "Patient/p1")
+    );
+    assert!(missed["tokens"].as_u64().unwrap() > related_tokens, "{missed}");
+    // Where it is mentioned (p2), its window is the answer target's.
+    let found = api.context(json!({"patient": "Patient/p2", "question": "Is there a pneumothorax?"})).await;
+    assert_eq!(found["answer"]["status"], "present", "{found}");
+    assert!(found["windows"].as_array().unwrap().iter().any(|w| w["path"] == "answer_target"), "{found}");
+
     let windows_only = api
         .context(json!({"patient": "Patient/p1", "question": "Is there fluid in the pleural space?",
             "budget_tokens": 512, "fill": false}))
@@ -265,6 +294,14 @@ async fn serves_context_and_search(s: Settings) {
     assert_eq!(windows_only["answer"], v["answer"], "the answer comes from the windows");
     let fact = v["facts"].as_array().unwrap().iter().find(|f| f["documents"] == 2).expect("a fact over both notes");
     assert_eq!(fact["last_date"], "2024-03-05");
+    // The knowledge graph's relations of the effusion in p1's notes: the furosemide its plan treats it with, dated.
+    let rel = fact["relations"].as_array().unwrap();
+    let furosemide = rel.iter().find(|r| r["label"] == "Furosemide").unwrap_or_else(|| panic!("{fact}"));
+    assert_eq!(furosemide["type"], "diagnosis_medication", "{fact}");
+    assert_eq!((furosemide["direction"].as_str(), furosemide["kind"].as_str()), (Some("from"), Some("medication")));
+    assert_eq!(furosemide["confidence"], 0.9, "a cue between them: {fact}");
+    assert_eq!(furosemide["doc_ids"], json!(["p1-b"]));
+    assert_eq!(furosemide["last_date"], "2024-03-05");
     // A bare id is the same patient.
     let bare = api
         .context(json!({"patient": "p1", "question": "Is there fluid in the pleural space?", "budget_tokens": 512}))
@@ -275,19 +312,20 @@ async fn serves_context_and_search(s: Settings) {
     let v = api.context(json!({"patient": "Patient/p2", "question": "Is there fluid in the pleural space?"})).await;
     assert!(doc_ids(&v).iter().all(|d| d.starts_with("p2-")), "{v}");
     assert_eq!(v["answer"]["status"], "absent", "{v}");
-    // A patient without notes: nothing aligns in their record → the hybrid fallback, with no one else's chunks.
+    // A patient without notes: nothing aligns in their record → the dense fallback, with no one else's chunks.
     let v = api.context(json!({"patient": "Patient/nobody", "question": "Is there a pleural effusion?"})).await;
-    assert_eq!(v["strategy"], "hybrid_fallback", "{v}");
+    assert_eq!(v["strategy"], "dense_fallback", "{v}");
     assert_eq!(v["answer"]["status"], "not_mentioned");
     assert!(
         v["windows"].as_array().unwrap().is_empty() && v.get("chunks").is_none_or(|c| c.as_array().unwrap().is_empty()),
         "{v}"
     );
-    // A question about nothing in the lexicon falls back to p1's chunks, and says so.
+    // A question about nothing in the lexicon falls back to p1's nearest chunks, and says so.
     let v = api.context(json!({"patient": "Patient/p1", "question": "What did the team review today?"})).await;
-    assert_eq!(v["strategy"], "hybrid_fallback", "{v}");
+    assert_eq!(v["strategy"], "dense_fallback", "{v}");
     let chunks = v["chunks"].as_array().unwrap();
     assert!(!chunks.is_empty() && chunks.iter().all(|c| c["payload"]["patient"] == "Patient/p1"), "{v}");
+    assert!(chunks.iter().all(|c| c["path"] == "dense"), "{v}");
 
     // Filters: dates, document types, sections.
     let q = |extra: Value| {

@@ -112,13 +112,15 @@ pub fn render_context(r: &ContextResponse, json: bool) -> String {
     let strategy = serde_json::to_value(r.strategy).ok().and_then(|v| v.as_str().map(str::to_string));
     let _ = writeln!(
         out,
-        "answer {} (confidence {:.2})  strategy {}  {} of {} tokens  {} mentions found",
+        "answer {} (confidence {:.2})  strategy {}  {} of {} tokens  {} mentions found ({} of the answer target{})",
         status.unwrap_or_default(),
         r.answer.confidence,
         strategy.unwrap_or_default(),
         r.tokens,
         r.budget_tokens,
-        r.mentions_found
+        r.mentions_found,
+        r.answer_mentions,
+        if r.answer_mentions == 0 && !r.windows.is_empty() { ": related windows held to half the budget" } else { "" }
     );
     for e in &r.entities {
         let _ = writeln!(
@@ -135,9 +137,14 @@ pub fn render_context(r: &ContextResponse, json: bool) -> String {
         let support = if r.answer.supporting.contains(&i) { " *" } else { "" };
         let _ = writeln!(
             out,
-            "\n[{}]{} doc {} v{} {} section {} ({:.1}) bytes {}..{} {}\n    {}",
+            "\n[{}]{} {} doc {} v{} {} section {} ({:.1}) bytes {}..{} {}\n    {}",
             i,
             support,
+            match w.path {
+                crate::query::context::Path::AnswerTarget => "answer-target",
+                crate::query::context::Path::Related => "related",
+                crate::query::context::Path::Dense => "dense",
+            },
             w.doc_id,
             w.doc_version,
             w.date.as_deref().unwrap_or("-"),
@@ -155,7 +162,7 @@ pub fn render_context(r: &ContextResponse, json: bool) -> String {
         out.push_str(if r.strategy == Strategy::Clear {
             "\nchunks nearest the question, in what the windows left of the budget:\n"
         } else {
-            "\nno aligned entity in this patient's notes; hybrid chunks:\n"
+            "\nno aligned entity in this patient's notes; the chunks nearest the question:\n"
         });
         out.push_str(&render(&hits, false));
     }

@@ -17,6 +17,12 @@
 //! whitespace-insensitive), answer accuracy (present → yes; absent, uncertain, not mentioned → no), isolation
 //! violations (returned text from another patient's notes), mean and max context tokens (the embedding model's
 //! tokenizer) and how many contexts exceeded the budget. Question and note text are never printed.
+//!
+//! With an LLM (`--llm`, the `llm.*` endpoint): each strategy's context also goes to the model with the query
+//! service's prompt and answer schema (`query::answer`), and the model's status is scored like the rule vote's
+//! (`llm_accuracy`, beside `answer_accuracy`), with the tokens it used, its time, its failures and the citations it
+//! made outside the context. `sample` takes every k-th question, so a small CPU model can run over a spread of the
+//! set.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -55,6 +61,10 @@ pub struct StrategyReport {
     pub mean_tokens: f64,
     pub max_tokens: usize,
     pub over_budget: usize,
+    /// With an LLM: the share of the questions it answered whose status is right (present → yes), over the
+    /// questions asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmReport>,
     /// Accuracy per variable (the question's labelled finding).
     pub accuracy_by_variable: BTreeMap<String, f64>,
     /// CLEAR only: questions where nothing aligned.
@@ -65,6 +75,33 @@ pub struct StrategyReport {
     pub hit_at_5: Option<f64>,
     pub hit_at_10: Option<f64>,
     pub mrr: Option<f64>,
+}
+
+/// What the LLM made of one strategy's contexts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LlmReport {
+    /// Questions sent.
+    pub asked: usize,
+    /// Right statuses over `asked` (a failed or unusable answer counts as wrong).
+    pub accuracy: f64,
+    /// The rule vote's accuracy over the same questions.
+    pub rule_accuracy: f64,
+    /// Calls that failed (timeout, endpoint error) or answered something unusable.
+    pub failed: usize,
+    /// Citations of passages outside the context (dropped by the parser).
+    pub citations_refused: usize,
+    pub prompt_tokens_mean: f64,
+    pub completion_tokens_mean: f64,
+    /// The endpoint's time per answer.
+    pub ms_mean: f64,
+    pub ms_max: u64,
+}
+
+/// The LLM of an evaluation: the endpoint and the prompts.
+#[derive(Debug)]
+pub struct EvalLlm<'a> {
+    pub llm: &'a crate::llm::Llm,
+    pub templates: &'a crate::query::answer::Templates,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -100,6 +137,10 @@ pub struct QaRun<'a> {
     pub chunker: Option<&'a crate::index::Chunker>,
     /// `hybrid`: the dense share of the fused score (`store.dense_weight`).
     pub dense_weight: f32,
+    /// Ask this LLM too.
+    pub llm: Option<&'a EvalLlm<'a>>,
+    /// Every `sample`-th question only (1: all).
+    pub sample: usize,
 }
 
 /// Runs the evaluation.
@@ -114,6 +155,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         show_errors,
         chunker,
         dense_weight,
+        llm,
+        sample,
     } = *run;
     let read =
         |p: &Path| std::fs::read_to_string(p).map_err(|source| EvalError::Io { path: p.display().to_string(), source });
@@ -133,7 +176,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         .filter(|l| !l.trim().is_empty())
         .enumerate()
         .map(|(i, l)| serde_json::from_str(l).map_err(|e| fmt(questions, format!("line {}: {e}", i + 1))))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<Question>, _>>()?
+        .into_iter()
+        .step_by(sample.max(1))
+        .collect();
     // Patients as the notes carry them (`Patient/x`); questions may give the bare id.
     let mut by_patient: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, d) in docs.iter().enumerate() {
@@ -145,7 +191,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let variables = pipeline.variables();
     let index = crate::query::labels::label_index(pipeline, embedder, label_cache).await.map_err(embed_err)?;
     let count = |t: &str| embedder.count_tokens(t);
-    let params = ContextParams { budget_tokens, window_words };
+    let params = ContextParams::new(budget_tokens, window_words);
 
     let needs_chunks = strategies.iter().any(|s| s != "clear-windows");
     let (chunks, chunk_vectors, bm25) = if needs_chunks {
@@ -178,6 +224,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let mut ranks: Vec<Vec<Option<usize>>> = vec![Vec::new(); strategies.len()];
     let mut correct_by: Vec<BTreeMap<String, (usize, usize)>> = vec![BTreeMap::new(); reports.len()];
     let mut tokens_sum = vec![0usize; reports.len()];
+    // Per strategy: LLM sums (prompt tokens, completion tokens, ms) and the rule vote's right answers.
+    let mut llm_sums = vec![(0u64, 0u64, 0u64, 0usize); reports.len()];
     for q in &questions {
         let own = by_patient.get(bare(&q.patient)).cloned().unwrap_or_default();
         let phrases = align::phrases(&q.question);
@@ -200,11 +248,17 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         for (si, strategy) in strategies.iter().enumerate() {
             // (doc index, text) pieces of the returned context, and the answer.
             let (pieces, status): (Vec<(usize, String)>, Label) = match strategy.as_str() {
-                "clear" | "clear-windows" => {
+                clear if clear == "clear-windows" || clear == "clear" || clear.starts_with("clear@") => {
                     if alignment.is_empty() {
                         reports[si].unaligned += 1;
                     }
                     let ends = |t: &str| embedder.token_ends(t);
+                    // `clear-windows` has no fill to leave room for; `clear@S` sets the related share.
+                    let params = match clear.strip_prefix("clear@").and_then(|s| s.parse::<f32>().ok()) {
+                        Some(share) => ContextParams { related_share: share, ..params },
+                        None if clear == "clear-windows" => ContextParams { related_share: 1.0, ..params },
+                        None => params,
+                    };
                     let c = context::assemble_with(&notes, &alignment, variables, lexicon, params, &count, Some(&ends));
                     let mut pieces: Vec<(usize, String)> = c
                         .windows
@@ -214,7 +268,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         })
                         .collect();
                     // `clear` fills what the windows left with the nearest chunks, as `serve` does (`serve.fill`).
-                    if strategy == "clear" {
+                    if clear != "clear-windows" {
                         let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
                         let candidates: Vec<usize> =
                             own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
@@ -369,6 +423,43 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                 );
             }
             r.answer_accuracy += f64::from(u8::from(right));
+            if let Some(l) = llm {
+                let passages: Vec<crate::query::answer::Passage> = pieces
+                    .iter()
+                    .map(|(d, text)| crate::query::answer::Passage {
+                        doc_id: docs.get(*d).map(|d| d.note.doc_id.clone()).unwrap_or_default(),
+                        date: docs.get(*d).and_then(|d| d.note.date.clone()),
+                        section: String::new(),
+                        start: 0,
+                        end: text.len(),
+                        text: text.clone(),
+                    })
+                    .collect();
+                let messages = crate::query::answer::messages(l.templates, &q.question, &passages);
+                let schema = crate::query::answer::schema(passages.len());
+                let clock = std::time::Instant::now();
+                let completion = l.llm.chat(&messages, Some(&schema)).await;
+                let ms = clock.elapsed().as_millis() as u64;
+                let rep = r.llm.get_or_insert_with(LlmReport::default);
+                rep.asked += 1;
+                rep.ms_max = rep.ms_max.max(ms);
+                llm_sums[si].2 += ms;
+                llm_sums[si].3 += usize::from(right);
+                match completion {
+                    Ok(c) => {
+                        llm_sums[si].0 += c.prompt_tokens;
+                        llm_sums[si].1 += c.completion_tokens;
+                        match crate::query::answer::parse(&c.content, passages.len()) {
+                            Ok(g) => {
+                                rep.citations_refused += g.refused;
+                                rep.accuracy += f64::from(u8::from((g.status == "present") == (q.answer == "yes")));
+                            }
+                            Err(_) => rep.failed += 1,
+                        }
+                    }
+                    Err(_) => rep.failed += 1,
+                }
+            }
             let e = correct_by[si].entry(q.variable.clone()).or_default();
             e.0 += usize::from(right);
             e.1 += 1;
@@ -378,6 +469,15 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         r.evidence_recall /= r.with_evidence.max(1) as f64;
         r.answer_accuracy /= r.questions.max(1) as f64;
         r.mean_tokens = tokens_sum[si] as f64 / r.questions.max(1) as f64;
+        if let Some(l) = r.llm.as_mut() {
+            let n = l.asked.max(1) as f64;
+            let (prompt, completion, ms, rule_right) = llm_sums[si];
+            l.accuracy /= n;
+            l.rule_accuracy = rule_right as f64 / n;
+            l.prompt_tokens_mean = prompt as f64 / n;
+            l.completion_tokens_mean = completion as f64 / n;
+            l.ms_mean = ms as f64 / n;
+        }
         r.accuracy_by_variable =
             correct_by[si].iter().map(|(k, (c, n))| (k.clone(), *c as f64 / (*n).max(1) as f64)).collect();
         if !ranks[si].is_empty() {

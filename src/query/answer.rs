@@ -117,7 +117,11 @@ pub fn messages(t: &Templates, question: &str, passages: &[Passage]) -> Vec<Mess
     let mut listed = String::new();
     for (i, p) in passages.iter().enumerate() {
         let date = p.date.as_deref().unwrap_or("undated");
-        listed.push_str(&format!("[{}] ({date}, {}) {}\n", i + 1, p.section, p.text.trim()));
+        if p.section.is_empty() {
+            listed.push_str(&format!("[{}] ({date}) {}\n", i + 1, p.text.trim()));
+        } else {
+            listed.push_str(&format!("[{}] ({date}, {}) {}\n", i + 1, p.section, p.text.trim()));
+        }
     }
     if passages.is_empty() {
         listed.push_str("(none: the patient's notes hold nothing on this)\n");

@@ -48,8 +48,9 @@ pub struct ContextRequest {
 pub enum Strategy {
     /// CLEAR: windows around the aligned entities' mentions.
     Clear,
-    /// Nothing aligned, or no aligned entity in this patient's notes: hybrid chunk retrieval for the patient.
-    HybridFallback,
+    /// Nothing aligned, or no aligned entity in this patient's notes: the patient's chunks nearest the question
+    /// (dense retrieval within the patient's filter).
+    DenseFallback,
 }
 
 /// `present` | `absent` | `uncertain` | `not_mentioned`.
@@ -116,11 +117,14 @@ pub struct Hit {
     /// The chunk after it in the note (with `neighbours: true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<Box<Hit>>,
+    /// In a context: the path that produced it (`dense`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<crate::query::context::Path>,
 }
 
 impl From<store::Hit> for Hit {
     fn from(h: store::Hit) -> Self {
-        Hit { id: h.id, score: h.score, payload: h.payload, previous: None, next: None }
+        Hit { id: h.id, score: h.score, payload: h.payload, previous: None, next: None, path: None }
     }
 }
 
@@ -134,8 +138,9 @@ pub struct ContextResponse {
     /// Date order (then note and position).
     pub windows: Vec<Window>,
     /// With `clear` and `fill`: the patient's chunks nearest the question that filled what the windows left of the
-    /// budget, best first, each cut to its longest part outside the windows (`text`, `start`, `end` of that part). With `hybrid_fallback`: the patient's best chunks that fit
-    /// the budget, best first. Context only: the answer comes from the windows.
+    /// budget, best first, each cut to its longest part outside the windows (`text`, `start`, `end` of that part).
+    /// With `dense_fallback`: the patient's chunks nearest the question that fit the budget, best first. Context
+    /// only: the answer comes from the windows. Each has `path: dense`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunks: Vec<Hit>,
     /// Tokens of `windows` and `chunks`, counted with the configured tokenizer.
@@ -143,6 +148,10 @@ pub struct ContextResponse {
     pub budget_tokens: usize,
     /// Aligned mentions found in the patient's notes before the budget cut.
     pub mentions_found: usize,
+    /// Of those, mentions of an answer target. 0 means the lexicon found no mention of what the question asks
+    /// about: the windows (all `related`) were held to half the budget and the nearest chunks took the
+    /// rest.
+    pub answer_mentions: usize,
     pub answer: Answer,
     pub facts: Vec<Fact>,
 }
@@ -171,6 +180,7 @@ impl ContextResponse {
             tokens: c.tokens,
             budget_tokens: budget,
             mentions_found: c.mentions_found,
+            answer_mentions: c.answer_mentions,
             answer: Answer {
                 status: c.answer.status.into(),
                 confidence: c.answer.confidence,
@@ -196,15 +206,15 @@ impl ContextResponse {
                 h.payload.insert("start".into(), f.start.into());
                 h.payload.insert("end".into(), f.end.into());
             }
-            self.chunks.push(Hit::from(h));
+            self.chunks.push(Hit { path: Some(crate::query::context::Path::Dense), ..Hit::from(h) });
             self.tokens += f.tokens;
         }
     }
 
-    /// Switches to the hybrid fallback: the hits, best first, while their text fits the budget.
+    /// Switches to the dense fallback: the hits, best first, while their text fits the budget.
     /// `tokens` gives a hit's token count.
     pub(crate) fn fall_back(&mut self, hits: Vec<store::Hit>, budget: usize, tokens: &dyn Fn(&store::Hit) -> usize) {
-        self.strategy = Strategy::HybridFallback;
+        self.strategy = Strategy::DenseFallback;
         self.windows.clear();
         self.answer = Answer { status: Status::NotMentioned, confidence: 1.0, supporting: Vec::new() };
         let mut remaining = budget;
@@ -215,7 +225,7 @@ impl ContextResponse {
             let t = tokens(&h);
             if t <= remaining {
                 remaining -= t;
-                self.chunks.push(Hit::from(h));
+                self.chunks.push(Hit { path: Some(crate::query::context::Path::Dense), ..Hit::from(h) });
             }
         }
         self.tokens = budget - remaining;

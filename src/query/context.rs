@@ -6,7 +6,10 @@
 //! 2. A window's score is the best alignment score × section weight among its mentions; recency breaks ties.
 //! 3. In score order, a window whose text (case and whitespace folded) was already taken from another note is a
 //!    copy-forward duplicate and dropped; the rest are taken while the budget lasts (a window too large for what
-//!    is left shrinks around its mentions, or is skipped).
+//!    is left shrinks around its mentions, or is skipped). When no answer target is mentioned in the patient's
+//!    notes at all, the windows (all of related targets, then) get only `related_share` of the budget: the
+//!    caller fills the rest with the patient's passages nearest the question ([`fill`]). Each window says which
+//!    path produced it ([`Path`]).
 //! 4. The kept windows are ordered by date (then note and position).
 //! 5. The answer: each target mention inside a kept window votes with weight × alignment score — affirmed (and
 //!    historical, unless the variable says `historical_is_present = false`) for present, uncertain or hypothetical
@@ -74,6 +77,43 @@ impl<'a> From<&'a crate::model::Document> for PatientNote<'a> {
 pub struct ContextParams {
     pub budget_tokens: usize,
     pub window_words: usize,
+    /// When no answer target is mentioned in the patient's notes (the lexicon missed the finding, or the question
+    /// named none), the share of the budget the windows of the other (related) targets may take; the rest is left
+    /// to the dense path (`fill`). 1 = no limit.
+    pub related_share: f32,
+}
+
+/// [`ContextParams::related_share`] by default: half the budget for related windows when the answer target is
+/// not mentioned (set by the qa set's evidence recall: docs/read-side.md, "When the lexicon missed").
+pub const RELATED_SHARE: f32 = 0.5;
+
+impl ContextParams {
+    pub fn new(budget_tokens: usize, window_words: usize) -> Self {
+        ContextParams { budget_tokens, window_words, related_share: RELATED_SHARE }
+    }
+
+    /// The tokens the windows may take: the budget, or its related share when no answer target is mentioned.
+    fn window_budget(&self, answer_mentions: usize) -> usize {
+        if answer_mentions > 0 {
+            self.budget_tokens
+        } else {
+            ((self.budget_tokens as f64 * f64::from(self.related_share.clamp(0.0, 1.0))).floor() as usize)
+                .min(self.budget_tokens)
+        }
+    }
+}
+
+/// Which path of the assembly produced a window or a chunk of a context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Path {
+    /// A window around a mention of an answer target (what the question asks about).
+    AnswerTarget,
+    /// A window around mentions of related targets only (the patient's entities nearest the question, the
+    /// finding's site).
+    Related,
+    /// A chunk of the patient's notes nearest the question by embedding (the fill, or the fallback).
+    Dense,
 }
 
 /// One kept window (also the query service's response type: `serve::api`).
@@ -96,6 +136,8 @@ pub struct ContextWindow {
     /// Alignment × section weight.
     pub score: f32,
     pub tokens: usize,
+    /// `answer_target` or `related`.
+    pub path: Path,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -114,6 +156,8 @@ pub struct Context {
     pub answer: Answer,
     /// Target mentions found in the patient's notes before the budget cut.
     pub mentions_found: usize,
+    /// Of those, mentions of an answer target (0: the windows were held to `related_share` of the budget).
+    pub answer_mentions: usize,
 }
 
 /// How votes decide (from the aligned variable, or the defaults for a bare concept).
@@ -173,7 +217,7 @@ pub fn assemble_with(
     let rules = Rules::of(variable);
     let words: Vec<Vec<(usize, usize)>> = notes.iter().map(|n| word_spans(n.text)).collect();
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
-    let mut mentions_found = 0;
+    let (mut mentions_found, mut answer_mentions) = (0, 0);
     for (ni, note) in notes.iter().enumerate() {
         let w = &words[ni];
         if w.is_empty() {
@@ -192,6 +236,7 @@ pub fn assemble_with(
             .collect();
         targets.sort_by_key(|m| m.start);
         mentions_found += targets.len();
+        answer_mentions += targets.iter().filter(|m| alignment.answer_concepts.contains(&m.concept)).count();
         let mut merged: Vec<Candidate<'_>> = Vec::new();
         for m in targets {
             let lo = word_of(m.start).saturating_sub(params.window_words);
@@ -219,7 +264,9 @@ pub fn assemble_with(
     });
 
     let mut seen_texts: HashSet<String> = HashSet::new();
-    let mut remaining = params.budget_tokens;
+    // When no answer target is mentioned, the related windows are context of a guess: they get a share of the
+    // budget, and the dense path the rest.
+    let mut remaining = params.window_budget(answer_mentions);
     let mut kept: Vec<(usize, ContextWindow, Vec<&Mention>)> = Vec::new();
     for c in candidates {
         if remaining == 0 {
@@ -307,6 +354,11 @@ pub fn assemble_with(
             assertions: inside.iter().map(|m| assertion_name(&m.assertion).to_string()).collect(),
             score: c.score,
             tokens,
+            path: if inside.iter().any(|m| alignment.answer_concepts.contains(&m.concept)) {
+                Path::AnswerTarget
+            } else {
+                Path::Related
+            },
         };
         kept.push((c.note, window, inside));
     }
@@ -324,7 +376,7 @@ pub fn assemble_with(
     });
     let answer = vote(votes, rules);
     let windows: Vec<ContextWindow> = kept.into_iter().map(|(_, w, _)| w).collect();
-    Context { tokens: windows.iter().map(|w| w.tokens).sum(), windows, answer, mentions_found }
+    Context { tokens: windows.iter().map(|w| w.tokens).sum(), windows, answer, mentions_found, answer_mentions }
 }
 
 /// Decides from votes `(window index, assertion, weight)`.
@@ -517,14 +569,7 @@ mod tests {
     fn context(p: &Pipeline, docs: &[Document], question: &str, budget: usize, window: usize) -> Context {
         let a = align(question, &[], p.lexicon(), p.variables(), &LabelIndex::default(), None, AlignParams::default());
         let notes: Vec<PatientNote<'_>> = docs.iter().map(PatientNote::from).collect();
-        assemble(
-            &notes,
-            &a,
-            p.variables(),
-            p.lexicon(),
-            ContextParams { budget_tokens: budget, window_words: window },
-            &words,
-        )
+        assemble(&notes, &a, p.variables(), p.lexicon(), ContextParams::new(budget, window), &words)
     }
 
     fn filler(n: usize) -> String {
@@ -560,6 +605,47 @@ mod tests {
         assert!(small.tokens <= 20, "{}", small.tokens);
         assert_eq!(small.windows[0].doc_id, "n2");
         assert!(small.windows[0].text.contains("Small left pleural effusion"));
+    }
+
+    #[test]
+    fn related_windows_keep_a_share_of_the_budget_when_the_answer_target_is_not_mentioned() {
+        let p = pipeline();
+        let lexicon = p.lexicon();
+        // The question's target (a pneumothorax) is in no note; a related concept (an effusion) is in both.
+        let ptx = lexicon.term_concept("pneumothorax").unwrap();
+        let effusion = lexicon.term_concept("pleural effusion").unwrap();
+        let mut a = Alignment::default();
+        a.concepts.insert(ptx, 1.0);
+        a.concepts.insert(effusion, 0.5);
+        a.answer_concepts.insert(ptx);
+        let docs = [
+            doc(&p, "n1", "2024-01-01", &format!("FINDINGS: {} Small pleural effusion. {}", filler(60), filler(60))),
+            doc(&p, "n2", "2024-02-01", &format!("FINDINGS: {} Pleural effusion again. {}", filler(60), filler(60))),
+        ];
+        let notes: Vec<PatientNote<'_>> = docs.iter().map(PatientNote::from).collect();
+        let at = |share: f32| {
+            let params = ContextParams { related_share: share, ..ContextParams::new(200, 50) };
+            assemble(&notes, &a, p.variables(), lexicon, params, &words)
+        };
+        let (all, quarter, none) = (at(1.0), at(0.25), at(0.0));
+        assert_eq!(all.answer_mentions, 0);
+        assert_eq!(all.mentions_found, 2);
+        assert!(all.tokens > 50 && all.tokens <= 200, "unlimited, the related windows take the budget: {}", all.tokens);
+        assert!(all.windows.iter().all(|w| w.path == Path::Related), "{:?}", all.windows);
+        assert!(!quarter.windows.is_empty() && quarter.tokens <= 50, "a quarter of 200: {}", quarter.tokens);
+        assert!(none.windows.is_empty() && none.tokens == 0);
+        assert_eq!(all.answer.status, Label::NotMentioned, "related mentions never vote");
+        // Once the answer target is mentioned, the whole budget is the windows' again, and its window says so.
+        let with_target =
+            [doc(&p, "n0", "2023-12-01", "IMPRESSION: Small right pneumothorax."), docs[0].clone(), docs[1].clone()];
+        let notes: Vec<PatientNote<'_>> = with_target.iter().map(PatientNote::from).collect();
+        let params = ContextParams { related_share: 0.0, ..ContextParams::new(200, 50) };
+        let c = assemble(&notes, &a, p.variables(), lexicon, params, &words);
+        assert_eq!(c.answer_mentions, 1);
+        assert!(c.tokens > 50, "{}", c.tokens);
+        assert_eq!(c.windows[0].path, Path::AnswerTarget);
+        assert!(c.windows[1..].iter().all(|w| w.path == Path::Related));
+        assert_eq!(c.answer.status, Label::Present);
     }
 
     #[test]
@@ -647,7 +733,7 @@ mod tests {
         let over = |t: &str| word_spans(t).into_iter().flat_map(|(_, e)| [e, e]).collect::<Vec<_>>();
         let (mut exact_calls, mut ends_calls) = (0, 0);
         for budget in [8, 15, 23, 40, 57, 90] {
-            let params = ContextParams { budget_tokens: budget, window_words: 20 };
+            let params = ContextParams::new(budget, 20);
             calls.set(0);
             let plain = assemble(&notes, &a, p.variables(), p.lexicon(), params, &count);
             exact_calls += calls.get();
@@ -693,7 +779,7 @@ mod tests {
 
     #[test]
     fn stored_windows_give_the_same_context_as_whole_notes() {
-        use crate::query::windows::{StoredWindow, WindowNote, build};
+        use crate::query::windows::{StoredWindow, WindowNote, build, relations};
         let p = pipeline();
         let mut docs = Vec::new();
         for i in 0..12usize {
@@ -716,7 +802,8 @@ mod tests {
             let notes: Vec<WindowNote> = docs
                 .iter()
                 .flat_map(|d| {
-                    let ws = build(&d.note.text, &d.sections, &d.mentions, p.lexicon(), stored_radius);
+                    let rel = relations(&d.kg);
+                    let ws = build(&d.note.text, &d.sections, &d.mentions, &rel, p.lexicon(), stored_radius);
                     ws.into_iter().map(move |w| (d, w))
                 })
                 .map(|(d, w)| {
@@ -734,7 +821,7 @@ mod tests {
                 let a =
                     align(question, &[], p.lexicon(), p.variables(), &LabelIndex::default(), None, Default::default());
                 for (radius, budget) in [(10, 120), (stored_radius, 400), (stored_radius / 2, 2000)] {
-                    let params = ContextParams { budget_tokens: budget, window_words: radius };
+                    let params = ContextParams::new(budget, radius);
                     let from_whole = assemble(&whole, &a, p.variables(), p.lexicon(), params, &words);
                     let from_stored = assemble(&stored, &a, p.variables(), p.lexicon(), params, &words);
                     assert!(!from_whole.windows.is_empty(), "{question}");

@@ -227,10 +227,11 @@ impl Reader {
         let (stored, phrase_vectors) =
             tokio::join!(self.store.windows(&filters, MAX_WINDOWS), self.embedder.embed_now(&refs));
         let (stored, phrase_vectors) = (stored?, phrase_vectors?);
-        // The fill's dense search starts now, beside the alignment and assembly (it needs only the question's
-        // vector: the first phrase); dense only — on the qa set fused BM25 ranks worse than dense alone.
+        // The dense search starts now, beside the alignment and assembly (it needs only the question's vector: the
+        // first phrase): it fills what the windows leave of the budget, or is the whole context when no window
+        // is found. Dense only — on the qa set fused BM25 holds less evidence within a budget than dense alone.
         let fill = req.fill.unwrap_or(self.settings.fill);
-        let fill_search = fill.then(|| {
+        let dense_search = {
             let mut f = filters.clone();
             f.sections = req.sections.clone();
             let dense = phrase_vectors.first().cloned().unwrap_or_default();
@@ -238,7 +239,7 @@ impl Reader {
             let q = Query { dense, sparse: store::Sparse::default(), filters: f, top, fields: Some(FILL_FIELDS) };
             let store = Arc::clone(&self.store);
             tokio::spawn(async move { store.search(&q).await })
-        });
+        };
         let sections: HashSet<&str> = req.sections.iter().map(String::as_str).collect();
         let notes = fragments(stored, lexicon, &sections);
         let present: HashSet<u32> = notes.iter().flat_map(|n| n.mentions.iter().map(|m| m.concept)).collect();
@@ -252,51 +253,48 @@ impl Reader {
             AlignParams::default(),
         );
         let views: Vec<PatientNote<'_>> = notes.iter().map(PatientNote::from).collect();
-        let params = ContextParams { budget_tokens: budget, window_words: self.settings.window_words };
+        let mut params = ContextParams::new(budget, self.settings.window_words);
+        if !fill {
+            // Windows only: nothing else would take what a held-back share leaves.
+            params.related_share = 1.0;
+        }
         let count = |t: &str| self.count_tokens(t);
         let ends = |t: &str| self.token_ends(t);
         let c = context::assemble_with(&views, &alignment, variables, lexicon, params, &count, Some(&ends));
-        // Fill: the nearest chunks, in what the windows left of the budget.
-        let filled = match fill_search {
-            Some(search) if !c.windows.is_empty() && c.tokens < budget => {
-                let hits = search.await.map_err(|e| StoreError::unavailable(format!("fill search: {e}")))??;
-                let at = |h: &store::Hit, key: &str| h.payload.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-                let taken = {
-                    let passages: Vec<context::Passage<'_>> = hits
-                        .iter()
-                        .map(|h| context::Passage {
-                            doc_id: str_of(h, "doc_id"),
-                            start: at(h, "start"),
-                            end: at(h, "end"),
-                            text: str_of(h, "text"),
-                            tokens: self.stored_tokens(h),
-                        })
-                        .collect();
-                    context::fill(&c.windows, &passages, budget, &count)
-                };
-                Some((hits, taken))
-            }
-            Some(search) => {
-                search.abort();
-                None
-            }
-            None => None,
-        };
         let facts = facts(&notes, &alignment, lexicon);
-        let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
-        if let Some((hits, taken)) = filled {
-            response.add_fill(hits, &taken);
+        let fall_back = alignment.is_empty() || c.windows.is_empty();
+        let needed = fall_back || (fill && c.tokens < budget);
+        if !needed {
+            dense_search.abort();
+            return Ok(ContextResponse::new(&filters, budget, &alignment, c, facts));
         }
-        if alignment.is_empty() || response.windows.is_empty() {
-            // Nothing aligned (or no aligned concept in this patient's notes): hybrid chunks for the patient.
-            // The question itself is the first phrase: its vector is already there.
-            let dense = phrase_vectors.first().cloned();
-            let top = context::fill_candidates(budget).min(self.settings.max_top);
-            let hits = self.hybrid_with(question, dense, filters, &req.sections, top, Some(FILL_FIELDS)).await?;
+        let hits = dense_search.await.map_err(|e| StoreError::unavailable(format!("dense search: {e}")))??;
+        if fall_back {
+            // Nothing aligned (or no aligned concept in this patient's notes): the patient's chunks nearest the
+            // question.
+            let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
             response.fall_back(hits, budget, &|h| {
                 self.stored_tokens(h).unwrap_or_else(|| self.count_tokens(str_of(h, "text")))
             });
+            return Ok(response);
         }
+        // Fill: the nearest chunks, in what the windows left of the budget.
+        let at = |h: &store::Hit, key: &str| h.payload.get(key).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+        let taken = {
+            let passages: Vec<context::Passage<'_>> = hits
+                .iter()
+                .map(|h| context::Passage {
+                    doc_id: str_of(h, "doc_id"),
+                    start: at(h, "start"),
+                    end: at(h, "end"),
+                    text: str_of(h, "text"),
+                    tokens: self.stored_tokens(h),
+                })
+                .collect();
+            context::fill(&c.windows, &passages, budget, &count)
+        };
+        let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
+        response.add_fill(hits, &taken);
         Ok(response)
     }
 
@@ -342,32 +340,17 @@ impl Reader {
         Ok(SearchResponse { hits: out })
     }
 
+    /// Hybrid chunk search for `text`: dense and BM25, fused by score (`store.dense_weight`).
     async fn hybrid(
         &self,
         text: &str,
-        filters: Filters,
-        sections: &[String],
-        top: usize,
-    ) -> Result<Vec<store::Hit>, ReadError> {
-        self.hybrid_with(text, None, filters, sections, top, None).await
-    }
-
-    /// Hybrid chunk search for `text` (its dense vector given, or embedded here).
-    async fn hybrid_with(
-        &self,
-        text: &str,
-        dense: Option<Vec<f32>>,
         mut filters: Filters,
         sections: &[String],
         top: usize,
-        fields: Option<&'static [&'static str]>,
     ) -> Result<Vec<store::Hit>, ReadError> {
         filters.sections = sections.to_vec();
-        let dense = match dense {
-            Some(d) => d,
-            None => self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default(),
-        };
-        let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top, fields };
+        let dense = self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default();
+        let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top, fields: None };
         Ok(self.store.search(&q).await?)
     }
 

@@ -1,6 +1,7 @@
 //! Entity windows as they are stored beside the chunks: per note version, a window of ±`words` words around
 //! every mention, windows that overlap or touch merged, each carrying its mentions (offsets relative to the
-//! window), their sections and assertions. The read side rebuilds notes from them (`WindowNote`) and assembles
+//! window), their sections and assertions, and the note's concept–concept relations (the knowledge-graph delta's
+//! treatment edges) whose evidence starts inside it. The read side rebuilds notes from them (`WindowNote`) and assembles
 //! context over those exactly as over the whole notes, because a query window of at most the stored radius around
 //! a mention never leaves the stored window that holds the mention, and two mentions in different stored windows
 //! are more than two stored radii apart (their query windows cannot touch either). `context::tests` checks that
@@ -28,6 +29,45 @@ pub struct StoredWindow {
     /// The sections its mentions lie in, each once, in text order.
     pub sections: Vec<StoredSection>,
     pub mentions: Vec<StoredMention>,
+    /// The note's concept–concept relations whose evidence starts in this window (the knowledge-graph delta's
+    /// treatment edges: docs/knowledge-graph.md). Absent in windows stored before relations were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relations: Vec<StoredRelation>,
+}
+
+/// A relation between two concepts that a note states, as the knowledge-graph delta has it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredRelation {
+    /// The edge type (`diagnosis_medication`, `diagnosis_procedure`, `medication_procedure`).
+    #[serde(rename = "type")]
+    pub relation: String,
+    /// Concept ids, in the edge's direction (diagnosis → medication / procedure, medication → procedure).
+    pub from: String,
+    pub to: String,
+    pub confidence: f64,
+}
+
+/// The concept–concept relations of a document's knowledge-graph delta, each with where its evidence starts in
+/// the note (one per piece of evidence from this document).
+pub fn relations(kg: &crate::model::KgDelta) -> Vec<(usize, StoredRelation)> {
+    let concept: std::collections::HashMap<&str, &str> =
+        kg.nodes.iter().filter(|n| n.node_type == "concept").map(|n| (n.id.as_str(), n.key.as_str())).collect();
+    let mut out = Vec::new();
+    for e in &kg.edges {
+        let (Some(from), Some(to)) = (concept.get(e.source.as_str()), concept.get(e.target.as_str())) else {
+            continue;
+        };
+        for ev in e.evidence.iter().filter(|ev| ev.doc_id == kg.doc_id.as_str()) {
+            let relation = StoredRelation {
+                relation: e.edge_type.to_string(),
+                from: from.to_string(),
+                to: to.to_string(),
+                confidence: e.confidence,
+            };
+            out.push((usize::try_from(ev.start).unwrap_or(0), relation));
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +117,7 @@ pub fn build(
     text: &str,
     sections: &[Section],
     mentions: &[Mention],
+    relations: &[(usize, StoredRelation)],
     lexicon: &Lexicon,
     words: usize,
 ) -> Vec<StoredWindow> {
@@ -137,6 +178,11 @@ pub fn build(
                     .map(|&i| StoredSection { name: sections[i].name.to_string(), weight: sections[i].weight })
                     .collect(),
                 mentions,
+                relations: relations
+                    .iter()
+                    .filter(|(at, _)| (start..end).contains(at))
+                    .map(|(_, r)| r.clone())
+                    .collect(),
             }
         })
         .collect()
@@ -153,6 +199,8 @@ pub struct WindowNote {
     pub text: String,
     pub sections: Vec<Section>,
     pub mentions: Vec<Mention>,
+    /// The relations stored with the window (`facts` reads them for the aligned concepts).
+    pub relations: Vec<StoredRelation>,
 }
 
 impl WindowNote {
@@ -195,7 +243,7 @@ impl WindowNote {
                 })
             })
             .collect();
-        WindowNote { doc_id, version, date, offset: w.start, text: w.text, sections, mentions }
+        WindowNote { doc_id, version, date, offset: w.start, text: w.text, sections, mentions, relations: w.relations }
     }
 }
 

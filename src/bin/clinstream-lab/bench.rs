@@ -91,6 +91,10 @@ pub enum BenchCommand {
         /// each when it was fully indexed before (skips re-indexing there).
         #[arg(long)]
         keep: Option<PathBuf>,
+        /// Also send the first N questions as `POST /v1/answer` (needs `llm.base_url`) and report the service's
+        /// own time per answer beside the LLM's.
+        #[arg(long, default_value_t = 0)]
+        answers: usize,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -197,7 +201,7 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        BenchCommand::Serve { documents, questions, url, requests, clients, keep, config } => {
+        BenchCommand::Serve { documents, questions, url, requests, clients, keep, answers, config } => {
             let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
             settings.log.level = "warn".into();
             clinstream::telemetry::init_logging(&settings.log)?;
@@ -206,8 +210,7 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 &documents,
                 &questions,
                 url.as_deref(),
-                requests,
-                &clients,
+                &serve_bench::Load { requests, clients: &clients, answers },
                 keep.as_deref(),
             )?;
             println!("{}", serde_json::to_string_pretty(&r)?);

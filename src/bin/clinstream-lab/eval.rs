@@ -48,7 +48,8 @@ pub enum EvalCommand {
         #[arg(long, default_value_t = 1024)]
         budget: usize,
         /// Comma-separated: clear (windows, then the nearest chunks in what they leave of the budget: what `serve`
-        /// answers by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
+        /// answers by default; `clear@0.5` with another share of the budget for related windows when the answer
+        /// target is not mentioned), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
         /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
@@ -66,6 +67,13 @@ pub enum EvalCommand {
         /// indexer's chunks and vectors under `chunking.*`, e.g. CLINSTREAM__CHUNKING__SEOS_VECTORS=composed).
         #[arg(long, default_value = "words", value_parser = ["words", "index"])]
         chunks: String,
+        /// Also ask the LLM of `llm.*` (`llm.base_url` must be set) for each strategy's context, with the query
+        /// service's prompt and answer schema, and score its answers beside the rule vote.
+        #[arg(long)]
+        llm: bool,
+        /// Every N-th question only (a spread of the set, for a slow model).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        sample: u64,
     },
     /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
     KgSynthea {
@@ -129,15 +137,29 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        EvalCommand::Qa { documents, questions, budget, strategy, config, json, cache_dir, show_errors, chunks } => {
+        EvalCommand::Qa {
+            documents,
+            questions,
+            budget,
+            strategy,
+            config,
+            json,
+            cache_dir,
+            show_errors,
+            chunks,
+            llm,
+            sample,
+        } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
                 anyhow::ensure!(
                     ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf"].contains(&s.as_str())
                         || s.strip_prefix("hybrid@")
+                            .or_else(|| s.strip_prefix("clear@"))
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
-                    "unknown strategy `{s}` (clear, clear-windows, dense, bm25, hybrid, hybrid@WEIGHT, hybrid-rrf)"
+                    "unknown strategy `{s}` (clear, clear@SHARE, clear-windows, dense, bm25, hybrid, hybrid@WEIGHT, \
+                     hybrid-rrf)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -151,6 +173,18 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     _ => None,
                 };
                 let window = settings.clear.window_words;
+                let endpoint = if llm {
+                    let client = clinstream::llm::Llm::new(&settings.llm)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        .context("--llm needs llm.base_url")?;
+                    let templates = clinstream::query::answer::Templates::load(&settings.llm.prompt_dir)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    Some((client, templates))
+                } else {
+                    None
+                };
+                let eval_llm =
+                    endpoint.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
                 let run = clinstream::eval::qa::QaRun {
                     documents: &documents,
                     questions: &questions,
@@ -161,6 +195,8 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     show_errors,
                     chunker: chunker.as_ref(),
                     dense_weight: settings.store.dense_weight,
+                    llm: eval_llm.as_ref(),
+                    sample: sample as usize,
                 };
                 clinstream::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
             })?;
@@ -192,6 +228,22 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             )
                         }
                     );
+                    if let Some(l) = &s.llm {
+                        println!(
+                            "{:<13} LLM accuracy {:.3} (rule vote {:.3}) over {} asked, failed {}, citations outside \
+                             the context {}, tokens prompt {:.0} completion {:.0}, endpoint ms mean {:.0} max {}",
+                            "",
+                            l.accuracy,
+                            l.rule_accuracy,
+                            l.asked,
+                            l.failed,
+                            l.citations_refused,
+                            l.prompt_tokens_mean,
+                            l.completion_tokens_mean,
+                            l.ms_mean,
+                            l.ms_max
+                        );
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)

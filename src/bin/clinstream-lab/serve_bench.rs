@@ -6,7 +6,9 @@
 //! query, the patient filter, top 5), from 1 and from 8 concurrent clients, each client on one keep-alive
 //! connection. Prints p50/p99 latency and requests/s per store, route and client count, and the ratios beside each
 //! other: context against search (the CLEAR path against plain hybrid retrieval, the baseline), and 8 clients
-//! against 1. Question and note text are never printed.
+//! against 1. With `--answers N` and an LLM endpoint in `llm.*`, also the first N questions as `POST /v1/answer`
+//! from one client: the service's own time per answer (the request's time less the LLM's, `llm_ms` of each
+//! response) beside `/v1/context`'s from the same run. Question and note text are never printed.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -47,6 +49,28 @@ pub struct ServeBench {
     pub context_vs_search_p99: Vec<(String, usize, f64)>,
     /// Requests/s at 8 clients ÷ at 1, per store and route.
     pub scaling_8_vs_1: Vec<(String, &'static str, f64)>,
+    /// `/v1/answer`, per store (with `--answers`).
+    pub answer: Vec<AnswerLatency>,
+}
+
+/// `/v1/answer` from one client: the request's time, the LLM's (as each response reports it) and the difference —
+/// the service's own overhead (context, prompt, schema, citation check, HTTP to the endpoint).
+#[derive(Debug, Serialize)]
+pub struct AnswerLatency {
+    pub store: String,
+    pub requests: usize,
+    /// Answers other than 200.
+    pub errors: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub llm_p50_ms: f64,
+    pub llm_p99_ms: f64,
+    /// Per request: its time less the LLM's.
+    pub overhead_p50_ms: f64,
+    pub overhead_p99_ms: f64,
+    pub overhead_max_ms: f64,
+    /// `/v1/context` at 1 client in the same run (the context is part of the overhead).
+    pub context_p99_ms: f64,
 }
 
 #[derive(serde::Deserialize)]
@@ -55,16 +79,24 @@ struct Question {
     question: String,
 }
 
+/// What is sent: questions per run, the client counts, and how many answers (0: no `/v1/answer`).
+#[derive(Debug, Clone, Copy)]
+pub struct Load<'a> {
+    pub requests: usize,
+    pub clients: &'a [usize],
+    pub answers: usize,
+}
+
 /// Runs the benchmark (its own runtime).
 pub fn run(
     settings: &Settings,
     documents: &Path,
     questions: &Path,
     url: Option<&str>,
-    requests: usize,
-    clients: &[usize],
+    load: &Load<'_>,
     keep: Option<&Path>,
 ) -> anyhow::Result<ServeBench> {
+    let Load { requests, clients, answers } = *load;
     let docs: Vec<String> =
         std::fs::read_to_string(documents)?.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
     let questions: Vec<Question> = std::fs::read_to_string(questions)?
@@ -106,7 +138,9 @@ pub fn run(
         results: Vec::new(),
         context_vs_search_p99: Vec::new(),
         scaling_8_vs_1: Vec::new(),
+        answer: Vec::new(),
     };
+    anyhow::ensure!(answers == 0 || !settings.llm.base_url.trim().is_empty(), "--answers needs llm.base_url");
     let pipeline = Arc::new(Pipeline::new(settings)?);
     for (name, mut s) in stores {
         s.serve.auth = false;
@@ -157,6 +191,16 @@ pub fn run(
                     let (latencies, errors, wall) = drive(addr, route, bodies.clone(), c).await?;
                     out.results.push(summarise(&name, route, c, latencies, errors, wall));
                 }
+            }
+            if answers > 0 {
+                let bodies: Vec<String> = bodies("context").into_iter().take(answers).collect();
+                let (timed, errors) = drive_answers(addr, &bodies).await?;
+                let context_p99 = out
+                    .results
+                    .iter()
+                    .find(|r| r.store == name && r.route == "context" && r.clients == 1)
+                    .map_or(0.0, |r| r.p99_ms);
+                out.answer.push(summarise_answers(&name, timed, errors, context_p99));
             }
             Ok(())
         });
@@ -255,6 +299,60 @@ async fn drive(
         errors += e;
     }
     Ok((all, errors, clock.elapsed()))
+}
+
+/// Sends each body as `POST /v1/answer` in turn on one keep-alive connection: per answered request its time and
+/// the LLM's (`llm_ms`), and the count of answers other than 200.
+async fn drive_answers(addr: std::net::SocketAddr, bodies: &[String]) -> anyhow::Result<(Vec<(f64, f64)>, usize)> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let (mut timed, mut errors) = (Vec::new(), 0);
+    for body in bodies {
+        let request = http::Request::post("/v1/answer")
+            .header(http::header::HOST, "bench")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.clone())))?;
+        let start = Instant::now();
+        sender.ready().await?;
+        let response = sender.send_request(request).await?;
+        let ok = response.status() == http::StatusCode::OK;
+        let bytes = response.into_body().collect().await?.to_bytes();
+        let took = start.elapsed().as_secs_f64() * 1000.0;
+        let llm_ms = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["llm_ms"].as_f64());
+        match (ok, llm_ms) {
+            (true, Some(llm)) => timed.push((took, llm)),
+            _ => errors += 1,
+        }
+    }
+    Ok((timed, errors))
+}
+
+fn summarise_answers(store: &str, timed: Vec<(f64, f64)>, errors: usize, context_p99_ms: f64) -> AnswerLatency {
+    let at = |mut v: Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 * q).ceil() as usize).saturating_sub(1).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let total: Vec<f64> = timed.iter().map(|t| t.0).collect();
+    let llm: Vec<f64> = timed.iter().map(|t| t.1).collect();
+    // `llm_ms` is whole milliseconds: the overhead is never read below zero.
+    let overhead: Vec<f64> = timed.iter().map(|t| (t.0 - t.1).max(0.0)).collect();
+    AnswerLatency {
+        store: store.to_string(),
+        requests: timed.len(),
+        errors,
+        p50_ms: at(total.clone(), 0.5),
+        p99_ms: at(total, 0.99),
+        llm_p50_ms: at(llm.clone(), 0.5),
+        llm_p99_ms: at(llm, 0.99),
+        overhead_p50_ms: at(overhead.clone(), 0.5),
+        overhead_p99_ms: at(overhead.clone(), 0.99),
+        overhead_max_ms: at(overhead, 1.0),
+        context_p99_ms,
+    }
 }
 
 fn summarise(
