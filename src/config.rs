@@ -209,6 +209,9 @@ pub struct ServeSettings {
     pub fill: bool,
     /// Counts context tokens with this `tokenizer.json` (the downstream LLM's); empty = the embedding model's.
     pub tokenizer: String,
+    /// CPTF (a request's `compress`): the token-importance model inside `embed.model_dir`, loaded on the first
+    /// request that asks for it.
+    pub compress_model_file: String,
     /// Where the concept-label embeddings are cached (per model and lexicon version); empty = not cached.
     pub cache_dir: String,
     pub oidc: OidcSettings,

@@ -203,6 +203,7 @@ fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
             dense_weight: s.store.dense_weight,
             llm: Some(&eval_llm),
             sample: 2,
+            importance: None,
         };
         clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap()
     });

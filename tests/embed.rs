@@ -1107,6 +1107,7 @@ async fn eval_qa_on_a_small_record_set() {
         dense_weight: s.store.dense_weight,
         llm: None,
         sample: 1,
+        importance: None,
     };
     let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
     assert_eq!((r.documents, r.patients), (4, 2));

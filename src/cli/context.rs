@@ -38,6 +38,9 @@ pub struct Args {
     /// The CLEAR windows only: do not fill the rest of the budget with chunks (`serve.fill`).
     #[arg(long)]
     no_fill: bool,
+    /// CPTF: keep this share of each window's tokens, its most important words (the request's `compress`).
+    #[arg(long)]
+    compress: Option<f32>,
     /// Print the response as JSON (the API's body).
     #[arg(long)]
     json: bool,
@@ -46,7 +49,8 @@ pub struct Args {
 }
 
 pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
-    let Args { patient, question, budget, since, until, document_types, sections, no_fill, json, config } = args;
+    let Args { patient, question, budget, since, until, document_types, sections, no_fill, compress, json, config } =
+        args;
     let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
     settings.log.level = "warn,clinstream::audit=info".into();
     crate::telemetry::init_logging(&settings.log)?;
@@ -59,6 +63,7 @@ pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
         document_types,
         sections,
         fill: no_fill.then_some(false),
+        compress,
     };
     let response = runtime(&settings)?.block_on(async {
         let response = context(&settings, &request).await?;
@@ -120,7 +125,11 @@ pub fn render_context(r: &ContextResponse, json: bool) -> String {
         r.budget_tokens,
         r.mentions_found,
         r.answer_mentions,
-        if r.answer_mentions == 0 && !r.windows.is_empty() { ": related windows held to half the budget" } else { "" }
+        if r.answer_mentions == 0 && !r.windows.is_empty() {
+            ": related windows held to 3/4 of the budget"
+        } else {
+            ""
+        }
     );
     for e in &r.entities {
         let _ = writeln!(

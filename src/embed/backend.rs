@@ -19,7 +19,7 @@ use super::EmbedError;
 /// The process's ONNX Runtime environment: the library is loaded and the environment built once.
 static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, EmbedError>> = OnceLock::new();
 
-fn environment(library: &str) -> Result<&'static ort::environment::Environment, EmbedError> {
+pub(crate) fn environment(library: &str) -> Result<&'static ort::environment::Environment, EmbedError> {
     let env = ENVIRONMENT.get_or_init(|| {
         let library = if library.is_empty() {
             std::env::var("ORT_DYLIB_PATH")

@@ -11,6 +11,7 @@
 //! warm-up batch (which also measures the vector dimension) before the worker reports ready.
 
 mod backend;
+pub mod importance;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -150,7 +151,7 @@ fn backend_options<'a>(s: &'a EmbedSettings, model: &'a Path) -> backend::Backen
 }
 
 /// The model's own input limit: `max_seq_length` (sentence-transformers), else `max_position_embeddings`.
-fn model_max_tokens(model_dir: &Path) -> Option<usize> {
+pub(crate) fn model_max_tokens(model_dir: &Path) -> Option<usize> {
     let read = |file: &str, key: &str| -> Option<usize> {
         let text = std::fs::read_to_string(model_dir.join(file)).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;

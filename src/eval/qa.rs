@@ -3,7 +3,11 @@
 //! the answer decided from that context.
 //!
 //! Strategies:
-//! * `clear` — question–entity alignment (`query::align`) and CLEAR windows (`query::context`);
+//! * `clear` — question–entity alignment (`query::align`) and CLEAR windows (`query::context`), then the nearest
+//!   chunks in what they leave; `clear-windows` the windows alone; `clear@S` with another related share;
+//!   `clear+cptf[@R]` with each window filtered to R (0.5) of its tokens by CPTF (`query::cptf`), more windows
+//!   fitting the budget — its evidence recall counts the evidence's words as kept, `evidence_covered` counts the
+//!   evidence sentence inside what the windows were cut from;
 //! * `dense`, `bm25`, `hybrid` — chunk retrieval over the patient's notes (sentence-packed chunks of about
 //!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
 //!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
@@ -39,6 +43,8 @@ use crate::stages::clear::word_spans;
 
 /// Target chunk size for the chunk strategies (words).
 const CHUNK_WORDS: usize = 100;
+/// `clear+cptf`: the share of each window's tokens kept.
+pub const CPTF_RATIO: f32 = 0.5;
 const RRF_K: f32 = 60.0;
 
 #[derive(Debug, Deserialize)]
@@ -56,6 +62,13 @@ pub struct StrategyReport {
     pub questions: usize,
     pub with_evidence: usize,
     pub evidence_recall: f64,
+    /// Of the questions with evidence, those whose evidence sentence lies in what the context was cut from (with
+    /// CPTF: the windows before filtering, which keeps some of its words; otherwise `evidence_recall`).
+    pub evidence_covered: f64,
+    /// With CPTF: over the questions whose evidence is covered, the mean share of the evidence sentence's words
+    /// that the filtered context still holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence_words_kept: Option<f64>,
     pub answer_accuracy: f64,
     pub isolation_violations: usize,
     pub mean_tokens: f64,
@@ -139,6 +152,8 @@ pub struct QaRun<'a> {
     pub dense_weight: f32,
     /// Ask this LLM too.
     pub llm: Option<&'a EvalLlm<'a>>,
+    /// CPTF's token-importance model (`clear+cptf`).
+    pub importance: Option<&'a crate::embed::importance::Importance>,
     /// Every `sample`-th question only (1: all).
     pub sample: usize,
 }
@@ -157,10 +172,15 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         dense_weight,
         llm,
         sample,
+        importance,
     } = *run;
+
     let read =
         |p: &Path| std::fs::read_to_string(p).map_err(|source| EvalError::Io { path: p.display().to_string(), source });
     let fmt = |p: &Path, why: String| EvalError::Format { path: p.display().to_string(), why };
+    if strategies.iter().any(|s| s.starts_with("clear+cptf")) && importance.is_none() {
+        return Err(fmt(documents, "clear+cptf needs the token-importance model".into()));
+    }
     let docs: Vec<Document> = read(documents)?
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -226,6 +246,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let mut tokens_sum = vec![0usize; reports.len()];
     // Per strategy: LLM sums (prompt tokens, completion tokens, ms) and the rule vote's right answers.
     let mut llm_sums = vec![(0u64, 0u64, 0u64, 0usize); reports.len()];
+    // Per strategy with CPTF: the sum of the evidence words kept and the questions counted.
+    let mut words_kept = vec![(0f64, 0usize); reports.len()];
     for q in &questions {
         let own = by_patient.get(bare(&q.patient)).cloned().unwrap_or_default();
         let phrases = align::phrases(&q.question);
@@ -246,27 +268,51 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         let question_vector =
             if needs_chunks { Some(embedder.embed(&[&q.question]).await.map_err(embed_err)?) } else { None };
         for (si, strategy) in strategies.iter().enumerate() {
-            // (doc index, text) pieces of the returned context, and the answer.
+            // (doc index, text) pieces of the returned context, and the answer; with CPTF, what the pieces were
+            // cut from.
+            let mut source: Option<Vec<String>> = None;
             let (pieces, status): (Vec<(usize, String)>, Label) = match strategy.as_str() {
-                clear if clear == "clear-windows" || clear == "clear" || clear.starts_with("clear@") => {
+                clear
+                    if clear == "clear-windows"
+                        || clear == "clear"
+                        || clear.starts_with("clear@")
+                        || clear.starts_with("clear+cptf") =>
+                {
                     if alignment.is_empty() {
                         reports[si].unaligned += 1;
                     }
                     let ends = |t: &str| embedder.token_ends(t);
-                    // `clear-windows` has no fill to leave room for; `clear@S` sets the related share.
-                    let params = match clear.strip_prefix("clear@").and_then(|s| s.parse::<f32>().ok()) {
+                    // `clear-windows` has no fill to leave room for; `clear@S` sets the related share;
+                    // `clear+cptf[@R]` filters each window to R (0.5) of its tokens.
+                    let mut params = match clear.strip_prefix("clear@").and_then(|s| s.parse::<f32>().ok()) {
                         Some(share) => ContextParams { related_share: share, ..params },
                         None if clear == "clear-windows" => ContextParams { related_share: 1.0, ..params },
                         None => params,
                     };
+                    let filter = |text: &str, spans: &[(usize, usize)], allowance: usize| {
+                        let Some(Ok(tokens)) = importance.map(|m| m.score(text)) else {
+                            return (text.to_string(), count(text));
+                        };
+                        let mut protect = spans.to_vec();
+                        protect.extend(crate::stages::assertion::ContextRules::builtin().cue_spans(text));
+                        let kept = crate::query::cptf::filter(text, &tokens, &protect, allowance);
+                        let n = count(&kept.text);
+                        (kept.text, n)
+                    };
+                    if let Some(cptf) = clear.strip_prefix("clear+cptf") {
+                        let ratio = cptf.strip_prefix('@').and_then(|r| r.parse::<f32>().ok()).unwrap_or(CPTF_RATIO);
+                        params.compress = Some(context::Compress { ratio, filter: &filter });
+                    }
                     let c = context::assemble_with(&notes, &alignment, variables, lexicon, params, &count, Some(&ends));
-                    let mut pieces: Vec<(usize, String)> = c
+                    let doc_of = |id: &str| docs.iter().position(|d| d.note.doc_id == id).unwrap_or(usize::MAX);
+                    let mut pieces: Vec<(usize, String)> =
+                        c.windows.iter().map(|w| (doc_of(&w.doc_id), w.text.clone())).collect();
+                    // What the windows were cut from (their text before CPTF).
+                    source = c
                         .windows
                         .iter()
-                        .map(|w| {
-                            (docs.iter().position(|d| d.note.doc_id == w.doc_id).unwrap_or(usize::MAX), w.text.clone())
-                        })
-                        .collect();
+                        .map(|w| docs.get(doc_of(&w.doc_id)).map(|d| d.note.text[w.start..w.end].to_string()))
+                        .collect::<Option<Vec<String>>>();
                     // `clear` fills what the windows left with the nearest chunks, as `serve` does (`serve.fill`).
                     if clear != "clear-windows" {
                         let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
@@ -294,6 +340,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         for f in context::fill(&c.windows, &passages, budget_tokens, &count) {
                             let d = chunks[r[f.index].0].doc;
                             pieces.push((d, docs[d].note.text[f.start..f.end].to_string()));
+                            if let Some(src) = source.as_mut() {
+                                src.push(docs[d].note.text[f.start..f.end].to_string());
+                            }
                         }
                     }
                     (pieces, c.answer.status)
@@ -403,6 +452,36 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                 let found = q.evidence.iter().any(|e| context.contains(&squeeze(e)));
                 found_evidence = Some(found);
                 r.evidence_recall += f64::from(u8::from(found));
+                let covered = match &source {
+                    Some(src) => {
+                        let from: String = src.iter().map(|t| squeeze(t)).collect::<Vec<_>>().join("\u{1f}");
+                        let covered = q.evidence.iter().any(|e| from.contains(&squeeze(e)));
+                        if covered {
+                            // The share of the evidence's words the filtered context holds (best sentence).
+                            let words = |t: &str| {
+                                t.split_whitespace()
+                                    .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()).to_lowercase())
+                                    .filter(|w| !w.is_empty())
+                                    .collect::<Vec<_>>()
+                            };
+                            let held: std::collections::HashSet<String> =
+                                pieces.iter().flat_map(|(_, t)| words(t)).collect();
+                            let kept = q
+                                .evidence
+                                .iter()
+                                .map(|e| {
+                                    let w = words(e);
+                                    w.iter().filter(|x| held.contains(*x)).count() as f64 / w.len().max(1) as f64
+                                })
+                                .fold(0.0, f64::max);
+                            let (sum, n) = words_kept[si];
+                            words_kept[si] = (sum + kept, n + 1);
+                        }
+                        covered
+                    }
+                    None => found,
+                };
+                r.evidence_covered += f64::from(u8::from(covered));
             }
             let said_yes = status == Label::Present;
             let right = said_yes == (q.answer == "yes");
@@ -467,6 +546,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     }
     for (si, r) in reports.iter_mut().enumerate() {
         r.evidence_recall /= r.with_evidence.max(1) as f64;
+        r.evidence_covered /= r.with_evidence.max(1) as f64;
+        if words_kept[si].1 > 0 {
+            r.evidence_words_kept = Some(words_kept[si].0 / words_kept[si].1 as f64);
+        }
         r.answer_accuracy /= r.questions.max(1) as f64;
         r.mean_tokens = tokens_sum[si] as f64 / r.questions.max(1) as f64;
         if let Some(l) = r.llm.as_mut() {

@@ -40,6 +40,11 @@ pub struct ContextRequest {
     /// `serve.fill`); `false` returns the windows only.
     #[serde(default)]
     pub fill: Option<bool>,
+    /// CPTF: keep this share (more than 0, at most 1) of each window's tokens — its most important words by the
+    /// attention they receive, mentions and assertion cues always — so more windows fit the budget. Absent: off.
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub compress: Option<f32>,
 }
 
 /// How the context was chosen.
@@ -149,7 +154,7 @@ pub struct ContextResponse {
     /// Aligned mentions found in the patient's notes before the budget cut.
     pub mentions_found: usize,
     /// Of those, mentions of an answer target. 0 means the lexicon found no mention of what the question asks
-    /// about: the windows (all `related`) were held to half the budget and the nearest chunks took the
+    /// about: the windows (all `related`) were held to three quarters of the budget and the nearest chunks took the
     /// rest.
     pub answer_mentions: usize,
     pub answer: Answer,

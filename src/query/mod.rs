@@ -2,7 +2,8 @@
 //! CLEAR windows across one patient's notes, chosen by alignment × section weight, merged, without copy-forward
 //! duplicates, cut to a token budget, with the answer those windows support), the stored windows as note
 //! fragments (`windows`; the write side builds them there too), the patient's facts (`facts`), and the
-//! concept-label index (`labels`), and the generative step's prompt and answer check (`answer`).
+//! concept-label index (`labels`), the generative step's prompt and answer check (`answer`), and CPTF token
+//! filtering of windows by attention importance (`cptf`).
 //!
 //! `reader` runs the method over its edges — the embedder, the store, the label cache — for one request; it is
 //! what the query service and `clinstream context` call. Everything else here is pure given its inputs (the
@@ -13,6 +14,7 @@ pub mod align;
 pub mod answer;
 pub mod api;
 pub mod context;
+pub mod cptf;
 pub mod facts;
 pub mod labels;
 pub mod reader;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::align::{self, AlignParams, LabelIndex};
 use super::api::{self, ContextRequest, ContextResponse, SearchRequest, SearchResponse};
 use super::context::{self, ContextParams, PatientNote};
+use super::cptf;
 use super::facts::facts;
 use super::labels::label_index_with;
 use super::windows::fragments;
@@ -91,6 +92,9 @@ pub struct Reader {
     bm25: qdrant_edge::bm25_embed::EdgeBm25,
     counter: Counter,
     settings: crate::config::ServeSettings,
+    /// CPTF's token-importance model, loaded by the first request that asks for compression.
+    importance: tokio::sync::OnceCell<Arc<crate::embed::importance::Importance>>,
+    embed_settings: crate::config::EmbedSettings,
 }
 
 impl std::fmt::Debug for Reader {
@@ -129,6 +133,8 @@ impl Reader {
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,
             counter,
             settings: settings.serve.clone(),
+            importance: tokio::sync::OnceCell::new(),
+            embed_settings: settings.embed.clone(),
         })
     }
 
@@ -217,6 +223,9 @@ impl Reader {
         if question.is_empty() {
             return Err(ReadError::BadRequest("question: must not be empty".into()));
         }
+        if req.compress.is_some_and(|r| !(r > 0.0 && r <= 1.0)) {
+            return Err(ReadError::BadRequest("compress: must be more than 0 and at most 1".into()));
+        }
         let filters =
             self.filters(Some(&req.patient), req.since.as_deref(), req.until.as_deref(), &req.document_types)?;
         let lexicon = self.pipeline.lexicon();
@@ -260,7 +269,28 @@ impl Reader {
         }
         let count = |t: &str| self.count_tokens(t);
         let ends = |t: &str| self.token_ends(t);
-        let c = context::assemble_with(&views, &alignment, variables, lexicon, params, &count, Some(&ends));
+        let importance = match req.compress {
+            Some(_) => Some(self.importance().await?),
+            None => None,
+        };
+        let filter = |text: &str, spans: &[(usize, usize)], allowance: usize| {
+            // Scored by the importance model (a failure keeps the window whole: it is then chosen by its full size).
+            let Some(Ok(tokens)) = importance.as_ref().map(|m| m.score(text)) else {
+                return (text.to_string(), self.count_tokens(text));
+            };
+            let mut protect = spans.to_vec();
+            protect.extend(crate::stages::assertion::ContextRules::builtin().cue_spans(text));
+            let kept = cptf::filter(text, &tokens, &protect, allowance);
+            let n = self.count_tokens(&kept.text);
+            (kept.text, n)
+        };
+        params.compress = req.compress.map(|ratio| context::Compress { ratio, filter: &filter });
+        let assemble = || context::assemble_with(&views, &alignment, variables, lexicon, params, &count, Some(&ends));
+        // CPTF runs the model per window: off the async threads where the runtime allows it.
+        let c = match (req.compress, tokio::runtime::Handle::current().runtime_flavor()) {
+            (Some(_), tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(assemble),
+            _ => assemble(),
+        };
         let facts = facts(&notes, &alignment, lexicon);
         let fall_back = alignment.is_empty() || c.windows.is_empty();
         let needed = fall_back || (fill && c.tokens < budget);
@@ -296,6 +326,21 @@ impl Reader {
         let mut response = ContextResponse::new(&filters, budget, &alignment, c, facts);
         response.add_fill(hits, &taken);
         Ok(response)
+    }
+
+    /// CPTF's token-importance model (`serve.compress_model_file`), loaded once, off the async threads.
+    async fn importance(&self) -> Result<Arc<crate::embed::importance::Importance>, ReadError> {
+        let model = self
+            .importance
+            .get_or_try_init(|| async {
+                let (s, file) = (self.embed_settings.clone(), self.settings.compress_model_file.clone());
+                tokio::task::spawn_blocking(move || crate::embed::importance::Importance::load(&s, &file))
+                    .await
+                    .map_err(|_| EmbedError::Stopped)?
+                    .map(Arc::new)
+            })
+            .await?;
+        Ok(Arc::clone(model))
     }
 
     /// `POST /v1/search`.

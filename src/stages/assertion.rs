@@ -116,6 +116,18 @@ impl ContextRules {
         Ok(Self { matcher, cues })
     }
 
+    /// Byte spans of the assertion cues in `text` (negation, uncertainty, hypothetical, historical, family and
+    /// pseudo-cues; not the scope terminators): what a filter of the text must keep for its assertions to read
+    /// the same.
+    pub fn cue_spans(&self, text: &str) -> Vec<(usize, usize)> {
+        self.matcher
+            .find(text)
+            .into_iter()
+            .filter(|m| self.cues[m.phrase as usize].iter().any(|c| c.category != Category::Terminate))
+            .map(|m| (m.start, m.end))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.matcher.len()
     }

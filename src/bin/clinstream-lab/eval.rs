@@ -49,7 +49,8 @@ pub enum EvalCommand {
         budget: usize,
         /// Comma-separated: clear (windows, then the nearest chunks in what they leave of the budget: what `serve`
         /// answers by default; `clear@0.5` with another share of the budget for related windows when the answer
-        /// target is not mentioned), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
+        /// target is not mentioned; `clear+cptf`, `clear+cptf@0.4` with each window filtered by CPTF to that share
+        /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
         /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
@@ -154,12 +155,14 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             for s in &strategy {
                 anyhow::ensure!(
                     ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf"].contains(&s.as_str())
+                        || s == "clear+cptf"
                         || s.strip_prefix("hybrid@")
                             .or_else(|| s.strip_prefix("clear@"))
+                            .or_else(|| s.strip_prefix("clear+cptf@"))
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
-                    "unknown strategy `{s}` (clear, clear@SHARE, clear-windows, dense, bm25, hybrid, hybrid@WEIGHT, \
-                     hybrid-rrf)"
+                    "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
+                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -185,6 +188,18 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                 };
                 let eval_llm =
                     endpoint.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
+                let importance = if strategy.iter().any(|s| s.starts_with("clear+cptf")) {
+                    let (embed, file) = (settings.embed.clone(), settings.serve.compress_model_file.clone());
+                    Some(
+                        tokio::task::spawn_blocking(move || {
+                            clinstream::embed::importance::Importance::load(&embed, &file)
+                        })
+                        .await?
+                        .context("the token-importance model")?,
+                    )
+                } else {
+                    None
+                };
                 let run = clinstream::eval::qa::QaRun {
                     documents: &documents,
                     questions: &questions,
@@ -197,6 +212,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     dense_weight: settings.store.dense_weight,
                     llm: eval_llm.as_ref(),
                     sample: sample as usize,
+                    importance: importance.as_ref(),
                 };
                 clinstream::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
             })?;
@@ -216,7 +232,14 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                         s.mean_tokens,
                         s.max_tokens,
                         s.over_budget,
-                        if s.strategy.starts_with("clear") {
+                        if s.strategy.starts_with("clear+cptf") {
+                            format!(
+                                "  unaligned {}  evidence inside the windows cut {:.3}, its words kept {:.3}",
+                                s.unaligned,
+                                s.evidence_covered,
+                                s.evidence_words_kept.unwrap_or(0.0)
+                            )
+                        } else if s.strategy.starts_with("clear") {
                             format!("  unaligned {}", s.unaligned)
                         } else {
                             format!(

@@ -85,6 +85,8 @@ pub struct Load<'a> {
     pub requests: usize,
     pub clients: &'a [usize],
     pub answers: usize,
+    /// `/v1/context` (and `/v1/answer`) with CPTF at this ratio.
+    pub compress: Option<f32>,
 }
 
 /// Runs the benchmark (its own runtime).
@@ -96,7 +98,7 @@ pub fn run(
     load: &Load<'_>,
     keep: Option<&Path>,
 ) -> anyhow::Result<ServeBench> {
-    let Load { requests, clients, answers } = *load;
+    let Load { requests, clients, answers, compress } = *load;
     let docs: Vec<String> =
         std::fs::read_to_string(documents)?.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
     let questions: Vec<Question> = std::fs::read_to_string(questions)?
@@ -176,7 +178,12 @@ pub fn run(
                     .iter()
                     .map(|q| match route {
                         "context" => {
-                            serde_json::json!({"patient": q.patient, "question": q.question, "budget_tokens": 1024})
+                            let mut b =
+                                serde_json::json!({"patient": q.patient, "question": q.question, "budget_tokens": 1024});
+                            if let Some(r) = compress {
+                                b["compress"] = serde_json::json!(r);
+                            }
+                            b
                         }
                         _ => serde_json::json!({"query": q.question, "patient": q.patient, "top": 5}),
                     })
