@@ -307,12 +307,13 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     let doc_of = |id: &str| docs.iter().position(|d| d.note.doc_id == id).unwrap_or(usize::MAX);
                     let mut pieces: Vec<(usize, String)> =
                         c.windows.iter().map(|w| (doc_of(&w.doc_id), w.text.clone())).collect();
-                    // What the windows were cut from (their text before CPTF).
-                    source = c
-                        .windows
-                        .iter()
-                        .map(|w| docs.get(doc_of(&w.doc_id)).map(|d| d.note.text[w.start..w.end].to_string()))
-                        .collect::<Option<Vec<String>>>();
+                    // With CPTF: what the windows were cut from (their text before filtering).
+                    source = params.compress.and_then(|_| {
+                        c.windows
+                            .iter()
+                            .map(|w| docs.get(doc_of(&w.doc_id)).map(|d| d.note.text[w.start..w.end].to_string()))
+                            .collect::<Option<Vec<String>>>()
+                    });
                     // `clear` fills what the windows left with the nearest chunks, as `serve` does (`serve.fill`).
                     if clear != "clear-windows" {
                         let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
