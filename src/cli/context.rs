@@ -40,7 +40,7 @@ pub struct Args {
     no_fill: bool,
     /// CPTF: keep this share of each window's tokens, its most important words (the request's `compress`).
     #[arg(long)]
-    compress: Option<f32>,
+    compress: Option<f64>,
     /// Print the response as JSON (the API's body).
     #[arg(long)]
     json: bool,

@@ -43,8 +43,7 @@ pub struct ContextRequest {
     /// CPTF: keep this share (more than 0, at most 1) of each window's tokens — its most important words by the
     /// attention they receive, mentions and assertion cues always — so more windows fit the budget. Absent: off.
     #[serde(default)]
-    #[schemars(range(min = 0.0, max = 1.0))]
-    pub compress: Option<f32>,
+    pub compress: Option<f64>,
 }
 
 /// How the context was chosen.

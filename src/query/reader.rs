@@ -284,7 +284,7 @@ impl Reader {
             let n = self.count_tokens(&kept.text);
             (kept.text, n)
         };
-        params.compress = req.compress.map(|ratio| context::Compress { ratio, filter: &filter });
+        params.compress = req.compress.map(|ratio| context::Compress { ratio: ratio as f32, filter: &filter });
         let assemble = || context::assemble_with(&views, &alignment, variables, lexicon, params, &count, Some(&ends));
         // CPTF runs the model per window: off the async threads where the runtime allows it.
         let c = match (req.compress, tokio::runtime::Handle::current().runtime_flavor()) {

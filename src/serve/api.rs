@@ -48,6 +48,7 @@ pub fn openapi_for(settings: &crate::config::ServeSettings) -> Value {
     };
     set("ContextRequest", "budget_tokens", json!({"minimum": budget.start(), "maximum": budget.end()}));
     set("SearchRequest", "top", json!({"minimum": top.start(), "maximum": top.end()}));
+    set("ContextRequest", "compress", json!({"minimum": 0.0, "exclusiveMinimum": true, "maximum": 1.0}));
     for (schema, field) in [("ContextRequest", "patient"), ("ContextRequest", "question"), ("SearchRequest", "query")] {
         set(schema, field, json!({"minLength": 1, "pattern": limits::NOT_BLANK}));
     }
