@@ -218,3 +218,56 @@ fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
     let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
     assert!(sent.contains(MINE) && !sent.contains(THEIRS), "only the asked patient's notes reach the LLM");
 }
+
+/// `clinstream-lab eval openi --llm`: CLEAR's extraction step — each variable's windows in a report go to the model,
+/// which labels it; scored beside the rule labels on the same reports. A report without a mention of a variable
+/// gets no call.
+#[test]
+fn eval_openi_labels_each_variable_with_the_llm_from_its_windows() {
+    let Some(server) = LlmServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = SlowProxy::start(server.port, Duration::ZERO);
+    let url = server.url.replacen(&format!(":{}", server.port), &format!(":{}", proxy.port), 1);
+    let Some(s) = settings(dir.path(), Some((&url, &server))) else { return };
+    let reports = dir.path().join("reports.csv");
+    let labels = dir.path().join("labels.csv");
+    std::fs::write(
+        &reports,
+        format!(
+            "uid,MeSH,Problems,image,indication,comparison,findings,impression\n\
+             1,x,x,x,Cough.,None.,Heart size is enlarged. No pleural effusion ({MINE}).,Cardiomegaly.\n\
+             2,x,x,x,Pain.,None.,The lungs are clear.,No acute disease.\n\
+             3,x,x,x,Fever.,None.,Right lower lobe pneumonia ({THEIRS}).,Pneumonia.\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &labels,
+        "filename,Cardiomegaly,Effusion,Pneumonia,Pneumothorax,Edema\nCXR1,1,0,0,0,0\nCXR2,0,0,0,0,0\n\
+         CXR3,0,0,1,0,0\n",
+    )
+    .unwrap();
+    let rt = service::runtime();
+    let r = rt.block_on(async {
+        let pipeline = clinstream::stages::Pipeline::new(&s).unwrap();
+        let llm = clinstream::llm::Llm::new(&s.llm).unwrap().expect("an endpoint");
+        let templates = clinstream::query::answer::Templates::default();
+        let eval_llm = clinstream::eval::qa::EvalLlm { llm: &llm, templates: &templates };
+        // Every second report: 1 and 3.
+        clinstream::eval::openi::run_llm(&pipeline, &reports, &labels, &eval_llm, 2, 256, s.clear.window_words)
+            .await
+            .unwrap()
+    });
+    assert_eq!(r.n, 2, "{r:?}");
+    // Report 1 mentions cardiomegaly and an effusion, report 3 a pneumonia: three calls; the other seven pairs have
+    // no mention and no call.
+    assert_eq!((r.calls, r.no_window, r.failed), (3, 7, 0), "{r:?}");
+    assert_eq!(r.rule["cardiomegaly"].tp + r.rule["pneumonia"].tp, 2, "the rules label both: {r:?}");
+    for p in r.llm.values() {
+        assert!((0.0..=1.0).contains(&p.f1) && p.tp + p.fn_ <= 1, "{r:?}");
+    }
+    assert!(r.prompt_tokens_mean > 0.0 && r.ms_mean > 0.0, "{r:?}");
+    // The two reports' windows reached the model (each call holds one report's text only).
+    let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
+    assert!(sent.contains(MINE) && sent.contains(THEIRS), "the windows are the prompts' passages");
+}

@@ -1,4 +1,4 @@
-//! The token-importance model of CPTF (`query::cptf`): the embedding model's graph with a `token_importance`
+//! The token-importance model of CPTF (the read side's `cptf` filter): the embedding model's graph with a `token_importance`
 //! output (`model.importance.onnx`, written by `make model`), the attention each token receives. Read side only:
 //! loaded by the query service on the first request that asks for compression, on the CPU, beside the embedder.
 //!
@@ -13,7 +13,14 @@ use ort::value::Tensor;
 
 use super::EmbedError;
 use crate::config::EmbedSettings;
-use crate::query::cptf::Token;
+
+/// One token of a passage: its byte span in the passage and its importance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Token {
+    pub start: usize,
+    pub end: usize,
+    pub importance: f32,
+}
 
 /// The loaded model and its tokenizer.
 pub struct Importance {

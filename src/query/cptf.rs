@@ -15,13 +15,7 @@
 
 use crate::stages::clear::word_spans;
 
-/// One token of a passage: its byte span in the passage and its importance.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Token {
-    pub start: usize,
-    pub end: usize,
-    pub importance: f32,
-}
+pub use crate::embed::importance::Token;
 
 /// What a filter kept.
 #[derive(Debug, Clone, PartialEq)]

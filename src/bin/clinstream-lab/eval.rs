@@ -34,6 +34,16 @@ pub enum EvalCommand {
         /// Print each misclassified report to stderr (development aid).
         #[arg(long)]
         show_errors: bool,
+        /// Also label with the LLM of `llm.*` (`llm.base_url` must be set): the CLEAR windows of each variable in
+        /// the report, asked whether the report indicates it; scored beside the rule labels on the same reports.
+        #[arg(long)]
+        llm: bool,
+        /// With `--llm`: every N-th report only.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        sample: u64,
+        /// With `--llm`: CLEAR tokens of windows per variable.
+        #[arg(long, default_value_t = 512)]
+        budget: usize,
     },
     /// Clinical questions over patients' records (../shared/eval/qa): per strategy at the same token budget,
     /// evidence recall, answer accuracy, isolation violations and context tokens (the set's README defines them).
@@ -121,7 +131,53 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        EvalCommand::Openi { reports, labels, config, json, show_errors } => {
+        EvalCommand::Openi { reports, labels, config, json, llm: true, sample, budget, .. } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let client = clinstream::llm::Llm::new(&settings.llm)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .context("--llm needs llm.base_url")?;
+            let templates = clinstream::query::answer::Templates::load(&settings.llm.prompt_dir)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let eval_llm = clinstream::eval::qa::EvalLlm { llm: &client, templates: &templates };
+            let window = settings.clear.window_words;
+            let r = runtime(&settings)?
+                .block_on(clinstream::eval::openi::run_llm(
+                    &pipeline,
+                    &reports,
+                    &labels,
+                    &eval_llm,
+                    sample as usize,
+                    budget,
+                    window,
+                ))
+                .context("evaluating on Open-i with the LLM")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for (v, p) in &r.llm {
+                    let rule = &r.rule[v];
+                    println!(
+                        "{v:<18} LLM P {:.3} R {:.3} F1 {:.3} | rules P {:.3} R {:.3} F1 {:.3}",
+                        p.precision, p.recall, p.f1, rule.precision, rule.recall, rule.f1
+                    );
+                }
+                println!(
+                    "macro F1 LLM {:.3} rules {:.3}  n {}  calls {} (failed {}, no window {})  tokens prompt {:.0} \
+                     completion {:.0}  endpoint ms mean {:.0}",
+                    r.llm_macro_f1,
+                    r.rule_macro_f1,
+                    r.n,
+                    r.calls,
+                    r.failed,
+                    r.no_window,
+                    r.prompt_tokens_mean,
+                    r.completion_tokens_mean,
+                    r.ms_mean
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EvalCommand::Openi { reports, labels, config, json, show_errors, .. } => {
             let (_, pipeline) = pipeline(config.as_deref())?;
             let r = clinstream::eval::openi::run(&pipeline, &reports, &labels, show_errors)
                 .context("evaluating on Open-i")?;
