@@ -203,18 +203,7 @@ pub async fn run_llm(
                 r.no_window += 1;
                 false
             } else {
-                let passages: Vec<answer::Passage> = c
-                    .windows
-                    .iter()
-                    .map(|w| answer::Passage {
-                        doc_id: w.doc_id.clone(),
-                        date: w.date.clone(),
-                        section: w.section.clone(),
-                        start: w.start,
-                        end: w.end,
-                        text: w.text.clone(),
-                    })
-                    .collect();
+                let passages: Vec<answer::Passage> = c.windows.iter().map(answer::Passage::from).collect();
                 let question = format!("Does the report indicate {}?", variable.replace('_', " "));
                 let messages = answer::messages(llm.templates, &question, &passages);
                 let clock = std::time::Instant::now();

@@ -293,9 +293,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         let Some(Ok(tokens)) = importance.map(|m| m.score(text)) else {
                             return (text.to_string(), count(text));
                         };
-                        let mut protect = spans.to_vec();
-                        protect.extend(crate::stages::assertion::ContextRules::builtin().cue_spans(text));
-                        let kept = crate::query::cptf::filter(text, &tokens, &protect, allowance);
+                        let kept = crate::query::cptf::filter_window(text, &tokens, spans, allowance);
                         let n = count(&kept.text);
                         (kept.text, n)
                     };

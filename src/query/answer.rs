@@ -80,20 +80,26 @@ pub struct Passage {
     pub text: String,
 }
 
-/// The context's passages in the order they are numbered: the windows, then the chunks.
-pub fn passages(ctx: &ContextResponse) -> Vec<Passage> {
-    let field = |p: &serde_json::Map<String, Value>, k: &str| p.get(k).and_then(|v| v.as_str()).map(str::to_string);
-    let offset = |p: &serde_json::Map<String, Value>, k: &str| p.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
-    ctx.windows
-        .iter()
-        .map(|w| Passage {
+impl From<&crate::query::context::ContextWindow> for Passage {
+    fn from(w: &crate::query::context::ContextWindow) -> Self {
+        Passage {
             doc_id: w.doc_id.clone(),
             date: w.date.clone(),
             section: w.section.clone(),
             start: w.start,
             end: w.end,
             text: w.text.clone(),
-        })
+        }
+    }
+}
+
+/// The context's passages in the order they are numbered: the windows, then the chunks.
+pub fn passages(ctx: &ContextResponse) -> Vec<Passage> {
+    let field = |p: &serde_json::Map<String, Value>, k: &str| p.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let offset = |p: &serde_json::Map<String, Value>, k: &str| p.get(k).and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+    ctx.windows
+        .iter()
+        .map(Passage::from)
         .chain(ctx.chunks.iter().map(|c| Passage {
             doc_id: field(&c.payload, "doc_id").unwrap_or_default(),
             date: field(&c.payload, "doc_date"),

@@ -587,18 +587,19 @@ fn fold(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Settings;
     use crate::model::Document;
     use crate::query::align::{AlignParams, LabelIndex, align};
     use crate::stages::Pipeline;
 
-    fn pipeline() -> Pipeline {
+    pub(crate) fn pipeline() -> Pipeline {
         Pipeline::new(&Settings::load_from(None, Some(Default::default())).unwrap()).unwrap()
     }
 
-    fn doc(p: &Pipeline, id: &str, date: &str, text: &str) -> Document {
+    /// A processed note of `Patient/t`.
+    pub(crate) fn doc(p: &Pipeline, id: &str, date: &str, text: &str) -> Document {
         use base64::Engine as _;
         let event = serde_json::json!({
             "resourceType": "DocumentReference", "id": id, "date": date, "meta": {"versionId": "1"},

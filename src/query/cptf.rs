@@ -69,6 +69,14 @@ pub fn filter(text: &str, tokens: &[Token], protect: &[(usize, usize)], allowanc
     Filtered { text: text_out, kept, tokens: used, words: words.len() }
 }
 
+/// [`filter`], protecting the assertion cues of `text` (`stages::assertion`) beside `mentions`: what the read side
+/// keeps of a window.
+pub fn filter_window(text: &str, tokens: &[Token], mentions: &[(usize, usize)], allowance: usize) -> Filtered {
+    let mut protect = mentions.to_vec();
+    protect.extend(crate::stages::assertion::ContextRules::builtin().cue_spans(text));
+    filter(text, tokens, &protect, allowance)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +113,15 @@ mod tests {
         assert_eq!(f.text, "no pleural effusion film", "{f:?}");
         // Protected words stay even past the allowance.
         assert_eq!(filter(text, &t, &[cue, mention], 1).text, "no pleural effusion");
+    }
+
+    #[test]
+    fn a_window_keeps_its_negation_cue() {
+        let text = "There is no pleural effusion today";
+        let t = tokens(text, &[0.9, 0.8, 0.0, 0.0, 0.0, 0.7]);
+        let mention = text.find("pleural").map(|i| (i, i + "pleural effusion".len())).unwrap();
+        assert_eq!(filter(text, &t, &[mention], 3).text, "There pleural effusion");
+        assert_eq!(filter_window(text, &t, &[mention], 3).text, "no pleural effusion", "the cue outranks importance");
     }
 
     #[test]

@@ -140,21 +140,10 @@ pub fn facts(notes: &[WindowNote], alignment: &Alignment, lexicon: &Lexicon) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Settings;
     use crate::model::Document;
+    use crate::query::context::tests::{doc, pipeline};
     use crate::query::windows::{StoredWindow, build, relations};
     use crate::stages::Pipeline;
-
-    fn doc(p: &Pipeline, id: &str, date: &str, text: &str) -> Document {
-        use base64::Engine as _;
-        let event = serde_json::json!({
-            "resourceType": "DocumentReference", "id": id, "date": date, "meta": {"versionId": "1"},
-            "subject": {"reference": "Patient/t"},
-            "content": [{"attachment": {"contentType": "text/plain",
-                "data": base64::engine::general_purpose::STANDARD.encode(text)}}]
-        });
-        p.process(event.to_string().as_bytes()).unwrap()
-    }
 
     /// The notes as the query service reads them: stored windows, through their JSON form.
     fn stored(p: &Pipeline, docs: &[Document], radius: usize) -> Vec<WindowNote> {
@@ -171,7 +160,7 @@ mod tests {
 
     #[test]
     fn a_fact_carries_the_relations_the_patients_notes_state_dated_and_counted_by_note() {
-        let p = Pipeline::new(&Settings::load_from(None, Some(Default::default())).unwrap()).unwrap();
+        let p = pipeline();
         let lexicon = p.lexicon();
         let filler = "The patient was seen today and vital signs were reviewed. ".repeat(20);
         let docs = [

@@ -278,9 +278,7 @@ impl Reader {
             let Some(Ok(tokens)) = importance.as_ref().map(|m| m.score(text)) else {
                 return (text.to_string(), self.count_tokens(text));
             };
-            let mut protect = spans.to_vec();
-            protect.extend(crate::stages::assertion::ContextRules::builtin().cue_spans(text));
-            let kept = cptf::filter(text, &tokens, &protect, allowance);
+            let kept = cptf::filter_window(text, &tokens, spans, allowance);
             let n = self.count_tokens(&kept.text);
             (kept.text, n)
         };

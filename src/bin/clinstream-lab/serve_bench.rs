@@ -339,9 +339,7 @@ async fn drive_answers(addr: std::net::SocketAddr, bodies: &[String]) -> anyhow:
 fn summarise_answers(store: &str, timed: Vec<(f64, f64)>, errors: usize, context_p99_ms: f64) -> AnswerLatency {
     let at = |mut v: Vec<f64>, q: f64| {
         v.sort_by(f64::total_cmp);
-        v.get(((v.len() as f64 * q).ceil() as usize).saturating_sub(1).min(v.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0.0)
+        percentile(&v, q)
     };
     let total: Vec<f64> = timed.iter().map(|t| t.0).collect();
     let llm: Vec<f64> = timed.iter().map(|t| t.1).collect();
@@ -362,6 +360,12 @@ fn summarise_answers(store: &str, timed: Vec<(f64, f64)>, errors: usize, context
     }
 }
 
+/// The `q` quantile of sorted values (nearest rank; 0 for none).
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1).min(sorted.len().saturating_sub(1));
+    sorted.get(rank).copied().unwrap_or(0.0)
+}
+
 fn summarise(
     store: &str,
     route: &'static str,
@@ -372,11 +376,8 @@ fn summarise(
 ) -> Latency {
     l.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let at = |q: f64| {
-        l.get(((l.len() as f64 * q).ceil() as usize).saturating_sub(1).min(l.len().saturating_sub(1)))
-            .copied()
-            .map_or(0.0, ms)
-    };
+    let sorted: Vec<f64> = l.iter().copied().map(ms).collect();
+    let at = |q: f64| percentile(&sorted, q);
     Latency {
         store: store.to_string(),
         route,
