@@ -283,16 +283,8 @@ async fn drive(
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let Some(body) = bodies.get(i) else { break };
-                let request = http::Request::post(&path)
-                    .header(http::header::HOST, "bench")
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Full::new(Bytes::from(body.clone())))?;
-                let start = Instant::now();
-                sender.ready().await?;
-                let response = sender.send_request(request).await?;
-                let ok = response.status() == http::StatusCode::OK;
-                response.into_body().collect().await?;
-                latencies.push(start.elapsed());
+                let (ok, _, took) = post(&mut sender, &path, body).await?;
+                latencies.push(took);
                 errors += usize::from(!ok);
             }
             Ok::<_, anyhow::Error>((latencies, errors))
@@ -308,6 +300,25 @@ async fn drive(
     Ok((all, errors, clock.elapsed()))
 }
 
+/// One JSON `POST` on a keep-alive connection: whether it was answered 200, the body, and the time from send to
+/// the last byte.
+async fn post(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<(bool, Bytes, Duration)> {
+    let request = http::Request::post(path)
+        .header(http::header::HOST, "bench")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))?;
+    let start = Instant::now();
+    sender.ready().await?;
+    let response = sender.send_request(request).await?;
+    let ok = response.status() == http::StatusCode::OK;
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((ok, bytes, start.elapsed()))
+}
+
 /// Sends each body as `POST /v1/answer` in turn on one keep-alive connection: per answered request its time and
 /// the LLM's (`llm_ms`), and the count of answers other than 200.
 async fn drive_answers(addr: std::net::SocketAddr, bodies: &[String]) -> anyhow::Result<(Vec<(f64, f64)>, usize)> {
@@ -317,16 +328,8 @@ async fn drive_answers(addr: std::net::SocketAddr, bodies: &[String]) -> anyhow:
     tokio::spawn(conn);
     let (mut timed, mut errors) = (Vec::new(), 0);
     for body in bodies {
-        let request = http::Request::post("/v1/answer")
-            .header(http::header::HOST, "bench")
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.clone())))?;
-        let start = Instant::now();
-        sender.ready().await?;
-        let response = sender.send_request(request).await?;
-        let ok = response.status() == http::StatusCode::OK;
-        let bytes = response.into_body().collect().await?.to_bytes();
-        let took = start.elapsed().as_secs_f64() * 1000.0;
+        let (ok, bytes, took) = post(&mut sender, "/v1/answer", body).await?;
+        let took = took.as_secs_f64() * 1000.0;
         let llm_ms = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["llm_ms"].as_f64());
         match (ok, llm_ms) {
             (true, Some(llm)) => timed.push((took, llm)),
