@@ -38,7 +38,27 @@ pub struct Settings {
     pub store: StoreSettings,
     pub serve: ServeSettings,
     pub llm: LlmSettings,
+    pub raptor: RaptorSettings,
     pub fhir: FhirSettings,
+}
+
+/// RAPTOR's per-patient summary tree (docs/read-side.md, "The summary tree"): built from the stored chunks as
+/// notes arrive, retrieved with the chunks (`/v1/search` `strategy: tree`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RaptorSettings {
+    /// Rebuild a patient's tree after each of their notes is written (before the note is acknowledged).
+    pub enabled: bool,
+    /// Tokens of one extractive summary.
+    pub summary_tokens: usize,
+    /// Summary levels above the chunks.
+    pub max_levels: usize,
+    /// The most clusters tried at one level (the Gaussian mixture's k, chosen by BIC).
+    pub max_clusters: usize,
+    /// PCA components the chunk vectors are reduced to before clustering.
+    pub dims: usize,
+    /// A patient's chunks read to build the tree, at most (the rest are left out of it).
+    pub max_leaves: usize,
 }
 
 /// The LLM of the generative step (`POST /v1/answer`): an OpenAI-compatible chat-completions endpoint
@@ -785,6 +805,14 @@ impl Settings {
         self.validate_embed(&mut problems);
         self.validate_serve(&mut problems);
         self.validate_fhir(&mut problems);
+        let r = &self.raptor;
+        if r.summary_tokens < 16 || r.max_levels == 0 || r.max_clusters == 0 || r.dims == 0 || r.max_leaves < 2 {
+            problems.push(
+                "raptor.summary_tokens: must be at least 16; raptor.max_levels, raptor.max_clusters, raptor.dims: at \
+                 least 1; raptor.max_leaves: at least 2"
+                    .into(),
+            );
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
@@ -1227,6 +1255,7 @@ mod tests {
                 ("CLINSTREAM__PIPELINE__IN_FLIGHT", "0"),
                 ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "application/pdf"),
                 ("CLINSTREAM__CHUNKING__SEOS_VECTORS", "exact"),
+                ("CLINSTREAM__RAPTOR__SUMMARY_TOKENS", "8"),
             ]),
         )
         .unwrap_err();
@@ -1237,6 +1266,7 @@ mod tests {
             "sections.weights.plan: must be between",
             "pipeline.in_flight",
             "chunking.seos_vectors: `exact` is not groups, sentences or composed",
+            "raptor.summary_tokens: must be at least 16",
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }

@@ -44,6 +44,119 @@ pub struct Indexer {
     /// The documents' writes, grouped (`store::Writer`).
     writer: store::Writer,
     halt_after: Duration,
+    /// RAPTOR's per-patient trees: rebuilt after each note when `raptor.enabled`.
+    trees: Arc<Trees>,
+    tree_on_write: bool,
+}
+
+/// RAPTOR's summary trees (`query::raptor`): after a note's points are written, its patient's tree is rebuilt from
+/// the patient's stored chunks and replaces the patient's summary points — before the note is acknowledged, so an
+/// acknowledged note is always in its patient's tree (a replay rebuilds it). Rebuilds of one patient never run at
+/// once: a note whose patient's tree is being rebuilt waits, and the next rebuild covers every note that waited
+/// (one rebuild for many notes of one patient arriving together, as group commit does for writes). Within one
+/// process; across workers, a patient's notes keyed to one partition keep this (docs/read-side.md).
+struct Trees {
+    params: query::raptor::TreeParams,
+    max_leaves: usize,
+    bm25: EdgeBm25,
+    model: String,
+    lanes: std::sync::Mutex<std::collections::HashMap<String, Arc<TreeLane>>>,
+}
+
+/// One patient's rebuilds: requests counted, the last request a finished rebuild covered, one rebuild at a time.
+#[derive(Default)]
+struct TreeLane {
+    requested: std::sync::atomic::AtomicU64,
+    built: std::sync::atomic::AtomicU64,
+    run: tokio::sync::Mutex<()>,
+}
+
+impl Trees {
+    fn lane(&self, patient: &str) -> Arc<TreeLane> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(lanes.entry(patient.to_string()).or_default())
+    }
+
+    /// Drops an idle patient's lane (no one else holds it).
+    fn release(&self, patient: &str, lane: Arc<TreeLane>) {
+        let mut lanes = self.lanes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if Arc::strong_count(&lane) == 2 {
+            lanes.remove(patient);
+        }
+    }
+
+    /// The patient's summary points from their stored chunks (CPU only).
+    fn points(&self, patient: &str, leaves: Vec<store::Stored>) -> Vec<Point> {
+        let members: Vec<query::raptor::Member> = leaves.into_iter().map(leaf_member).collect();
+        let id = |level: usize, children: &[String]| store::summary_id(patient, level, children).to_string();
+        let nodes = query::raptor::build(&members, &self.params, &id);
+        nodes
+            .into_iter()
+            .filter_map(|n| {
+                let text = n.text();
+                let ordered = n.in_reading_order();
+                let sentences: Vec<Value> = ordered
+                    .iter()
+                    .map(|s| json!({"doc_id": s.doc_id, "doc_date": s.date, "start": s.start, "end": s.end}))
+                    .collect();
+                let latest = ordered.iter().filter_map(|s| s.date.clone()).max();
+                let mut p = Map::new();
+                p.insert("record".into(), store::SUMMARY.into());
+                p.insert("patient".into(), patient.into());
+                p.insert("level".into(), n.level.into());
+                p.insert("children".into(), n.children.clone().into());
+                p.insert("doc_ids".into(), n.doc_ids().into());
+                p.insert("doc_date".into(), latest.map_or(Value::Null, Value::from));
+                p.insert("tokens".into(), n.tokens().into());
+                p.insert("sentences".into(), sentences.into());
+                p.insert("model".into(), self.model.clone().into());
+                p.insert("worker_version".into(), crate::WORKER_VERSION.into());
+                let sparse = bm25::sparse_document(&self.bm25, &text);
+                p.insert("text".into(), text.into());
+                Some(Point { id: n.id.parse().ok()?, dense: n.vector, sparse, payload: p })
+            })
+            .collect()
+    }
+}
+
+/// A stored chunk as a leaf of its patient's tree: its vector and its sentences (the `units` payload field; a
+/// chunk stored without it is one sentence).
+fn leaf_member(c: store::Stored) -> query::raptor::Member {
+    let p = &c.payload;
+    let doc_id = p.get("doc_id").and_then(Value::as_str).unwrap_or_default().to_string();
+    let date = p.get("doc_date").and_then(Value::as_str).map(str::to_string);
+    let text = p.get("text").and_then(Value::as_str).unwrap_or_default();
+    let start = p.get("start").and_then(Value::as_u64).unwrap_or(0) as usize;
+    let end = p.get("end").and_then(Value::as_u64).map_or(start + text.len(), |e| e as usize);
+    let spans: Vec<(usize, usize, usize)> = p
+        .get("units")
+        .and_then(Value::as_array)
+        .map(|u| {
+            u.iter()
+                .filter_map(|s| {
+                    let s = s.as_array()?;
+                    let n = |i: usize| s.get(i).and_then(Value::as_u64).map(|v| v as usize);
+                    Some((n(0)?, n(1)?, n(2)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let spans = if spans.is_empty() { vec![(start, end, text.split_whitespace().count())] } else { spans };
+    let sentences = spans
+        .into_iter()
+        .filter_map(|(a, b, tokens)| {
+            let piece = text.get(a.checked_sub(start)?..b.checked_sub(start)?)?;
+            Some(query::raptor::Sentence {
+                doc_id: doc_id.clone(),
+                date: date.clone(),
+                start: a,
+                end: b,
+                tokens,
+                text: piece.to_string(),
+            })
+        })
+        .collect();
+    query::raptor::Member { id: c.id, vector: c.dense, sentences }
 }
 
 /// Where SEOS's vectors come from (`chunking.seos_vectors`; module docs).
@@ -78,6 +191,8 @@ pub struct Chunker {
 pub struct Chunked {
     pub chunks: Vec<Chunk>,
     pub vectors: Vec<Vec<f32>>,
+    /// The document's units (sentences, or pieces of over-long ones); `Chunk::units` indexes them.
+    pub units: Vec<Unit>,
     /// Tokens the model was given for this document (special tokens excluded): the embedding cost.
     pub embedded_tokens: usize,
 }
@@ -235,7 +350,7 @@ impl Chunker {
                 v
             })
             .collect();
-        let mut points = self.cpu.points(doc, &chunks, vectors, version);
+        let mut points = self.cpu.points(doc, &chunks, &units, vectors, version);
         points.extend(self.cpu.window_points(doc, version));
         points
     }
@@ -298,7 +413,7 @@ impl Chunker {
             self.embedder.embed_ids(first_ids).await.map_err(embed_err)?
         };
         let embedder = self.embedder.clone();
-        let (chunks, inputs) = self
+        let (chunks, inputs, units) = self
             .on_cpu(doc, move |cpu, d| {
                 let shifts: Vec<f32> = if per_unit {
                     let groups: Vec<Vec<f32>> = chunk::groups(&units, cpu.neighbours)
@@ -318,7 +433,7 @@ impl Chunker {
                     let texts: Vec<&str> = chunks.iter().map(|c| &d.note.text[c.start..c.end]).collect();
                     ChunkInputs::Ids(embedder.encode(&texts))
                 };
-                (chunks, inputs)
+                (chunks, inputs, units)
             })
             .await?;
         let vectors = match inputs {
@@ -329,7 +444,7 @@ impl Chunker {
                 self.embedder.embed_ids(ids).await.map_err(embed_err)?
             }
         };
-        Ok(Chunked { chunks, vectors, embedded_tokens })
+        Ok(Chunked { chunks, vectors, units, embedded_tokens })
     }
 }
 
@@ -341,7 +456,15 @@ impl Indexer {
         let chunker = Chunker::new(settings, embedder, compiled)?;
         let store = Arc::new(open_store(settings, dim).await?);
         let writer = store::Writer::start(store.clone(), settings.store.group_points, settings.store.group_concurrency);
-        Ok(Indexer { chunker, store, writer, halt_after: Duration::from_millis(settings.store.halt_after_ms) })
+        let trees = Arc::new(Trees {
+            params: (&settings.raptor).into(),
+            max_leaves: settings.raptor.max_leaves,
+            bm25: bm25::encoder(settings.store.bm25_avg_len)?,
+            model: chunker.embedder.info().name.clone(),
+            lanes: Default::default(),
+        });
+        let halt_after = Duration::from_millis(settings.store.halt_after_ms);
+        Ok(Indexer { chunker, store, writer, halt_after, trees, tree_on_write: settings.raptor.enabled })
     }
 
     pub fn embedder(&self) -> &Embedder {
@@ -363,16 +486,17 @@ impl Indexer {
         if note.entered_in_error {
             // A write with no points removes the document, in order with its other writes.
             self.retrying(|| self.writer.write(&note.doc_id, Vec::new())).await?;
+            self.refresh_tree(note.patient.as_deref()).await?;
             return Ok(0);
         }
         let clock = Instant::now();
-        let Chunked { chunks, vectors, .. } = self.chunker.chunk(doc).await?;
+        let Chunked { chunks, vectors, units, .. } = self.chunker.chunk(doc).await?;
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
         let v = note.version.clone().unwrap_or_default();
         let (points, n) = self
             .chunker
             .on_cpu(doc, move |cpu, d| {
-                let mut points = cpu.points(d, &chunks, vectors, &v);
+                let mut points = cpu.points(d, &chunks, &units, vectors, &v);
                 let n = points.len();
                 points.extend(cpu.window_points(d, &v));
                 (points, n)
@@ -388,7 +512,51 @@ impl Indexer {
         let m = metrics();
         m.stage_duration.with_label_values(&["qdrant"]).observe(clock.elapsed().as_secs_f64());
         m.chunks_per_document.observe(n as f64);
+        self.refresh_tree(note.patient.as_deref()).await?;
         Ok(n)
+    }
+
+    /// Rebuilds the patient's summary tree after a note of theirs was written or removed (`Trees`); nothing
+    /// without `raptor.enabled` or a patient. Store failures are retried and then halt, as the note's own writes.
+    async fn refresh_tree(&self, patient: Option<&str>) -> Result<(), DocError> {
+        let Some(patient) = patient.filter(|_| self.tree_on_write) else { return Ok(()) };
+        use std::sync::atomic::Ordering::SeqCst;
+        let trees = &self.trees;
+        let lane = trees.lane(patient);
+        let mine = lane.requested.fetch_add(1, SeqCst) + 1;
+        let result = {
+            let _running = lane.run.lock().await;
+            if lane.built.load(SeqCst) >= mine {
+                // A rebuild that started after this note was written has finished: it holds the note.
+                Ok(())
+            } else {
+                let covers = lane.requested.load(SeqCst);
+                let clock = Instant::now();
+                let r = self.retrying(|| async { self.rebuild_tree(patient).await.map(|_| ()) }).await;
+                if r.is_ok() {
+                    lane.built.fetch_max(covers, SeqCst);
+                    metrics().stage_duration.with_label_values(&["tree"]).observe(clock.elapsed().as_secs_f64());
+                }
+                r
+            }
+        };
+        trees.release(patient, lane);
+        result
+    }
+
+    /// One rebuild of a patient's tree, whatever `raptor.enabled` says: the patient's chunks read back with their
+    /// vectors, the tree built on the blocking pool, the patient's summary points replaced. Returns the leaves
+    /// read and the summaries written (`bench tree` times it note by note).
+    pub async fn rebuild_tree(&self, patient: &str) -> Result<(usize, usize), StoreError> {
+        let leaves = self.store.leaves(patient, self.trees.max_leaves).await?;
+        let n = leaves.len();
+        let (t, p) = (Arc::clone(&self.trees), patient.to_string());
+        let points = tokio::task::spawn_blocking(move || t.points(&p, leaves))
+            .await
+            .map_err(|e| StoreError::fatal(format!("tree task failed: {e}")))?;
+        let written = points.len();
+        self.store.replace_summaries(patient, points).await?;
+        Ok((n, written))
     }
 
     /// A store operation for a document: retried while transient (`retry_store`), then a Halt code
@@ -482,7 +650,14 @@ impl Cpu {
     }
 
     /// The store points of a document version's chunks: ids, dense vectors, BM25 vectors, payloads.
-    fn points(&self, doc: &Document, chunks: &[Chunk], vectors: Vec<Vec<f32>>, version: &str) -> Vec<Point> {
+    fn points(
+        &self,
+        doc: &Document,
+        chunks: &[Chunk],
+        units: &[Unit],
+        vectors: Vec<Vec<f32>>,
+        version: &str,
+    ) -> Vec<Point> {
         let note = &doc.note;
         let ids: Vec<uuid::Uuid> = chunks.iter().map(|c| store::point_id(&note.doc_id, version, c.index)).collect();
         chunks
@@ -491,7 +666,7 @@ impl Cpu {
             .map(|(c, dense)| Point {
                 id: ids[c.index],
                 sparse: bm25::sparse_document(&self.bm25, &note.text[c.start..c.end]),
-                payload: self.payload(doc, c, &ids, version),
+                payload: self.payload(doc, c, units, &ids, version),
                 dense,
             })
             .collect()
@@ -547,7 +722,14 @@ impl Cpu {
         p
     }
 
-    fn payload(&self, doc: &Document, c: &Chunk, ids: &[uuid::Uuid], version: &str) -> Map<String, Value> {
+    fn payload(
+        &self,
+        doc: &Document,
+        c: &Chunk,
+        units: &[Unit],
+        ids: &[uuid::Uuid],
+        version: &str,
+    ) -> Map<String, Value> {
         let note = &doc.note;
         let lexicon = &self.compiled.lexicon;
         let mut kinds: Vec<&str> = Vec::new();
@@ -592,6 +774,10 @@ impl Cpu {
         p.insert("start".into(), c.start.into());
         p.insert("end".into(), c.end.into());
         p.insert("tokens".into(), c.tokens.into());
+        // Its sentences as [start, end, tokens] (note offsets): what a summary of the patient's tree quotes.
+        let spans: Vec<Value> =
+            units.get(c.units.clone()).unwrap_or_default().iter().map(|u| json!([u.start, u.end, u.tokens])).collect();
+        p.insert("units".into(), spans.into());
         p.insert("overlap_sentences".into(), c.overlap_units.into());
         p.insert("text".into(), note.text[c.start..c.end].into());
         p.insert("entity_kinds".into(), kinds.into());

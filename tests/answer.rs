@@ -204,6 +204,7 @@ fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
             llm: Some(&eval_llm),
             sample: 2,
             importance: None,
+            tree: Default::default(),
         };
         clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap()
     });

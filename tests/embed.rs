@@ -14,7 +14,7 @@ use clinstream::config::Settings;
 use clinstream::embed::Embedder;
 use clinstream::index::Indexer;
 use clinstream::stages::Pipeline;
-use clinstream::store::{Query, Store};
+use clinstream::store::{Filters, Query, Record, Store};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -28,7 +28,7 @@ fn settings(dir: &Path) -> Option<Settings> {
 
 /// A dense-only query for the `top` chunks nearest `dense`, with every payload field.
 fn nearest(dense: Vec<f32>, top: usize) -> Query {
-    Query { dense, sparse: Default::default(), filters: Default::default(), top, fields: None }
+    Query { dense, sparse: Default::default(), filters: Default::default(), top, fields: None, record: Record::Chunks }
 }
 
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
@@ -412,6 +412,7 @@ async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
                 },
                 top: 3,
                 fields: None,
+                record: Record::Chunks,
             };
             store.search(&q).await.unwrap()
         }
@@ -477,6 +478,137 @@ async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
     assert!(value("clinstream_qdrant_points_total{operation=\"upserted\"}") >= (n_cardiac + n_resp) as f64);
     assert!(value(&format!("clinstream_qdrant_upsert_duration_seconds_count{{store=\"{kind}\"}}")) >= 3.0, "{body}");
     drop(indexer);
+}
+
+/// Notes of one patient about different things, for RAPTOR's tree (several chunks each).
+const TREE_NOTES: [&str; 5] = [
+    CARDIAC,
+    RESPIRATORY,
+    "HISTORY OF PRESENT ILLNESS: Follow-up for type 2 diabetes mellitus. Hemoglobin A1c is 8.4 percent despite \
+     metformin. She checks her glucose twice daily.\n\nASSESSMENT AND PLAN: Poorly controlled diabetes. Add \
+     glipizide; diabetic foot examination and retinal screening ordered; dietitian referral.",
+    "HISTORY OF PRESENT ILLNESS: Chest pain recurred on exertion two weeks after the myocardial infarction. \
+     Troponin normal.\n\nASSESSMENT AND PLAN: Stable angina after infarction. Continue aspirin and the beta \
+     blocker; add a statin and sublingual nitroglycerin; cardiac rehabilitation.",
+    "HISTORY OF PRESENT ILLNESS: Cough has improved after the antibiotics for pneumonia; no fever.\n\nASSESSMENT \
+     AND PLAN: Pneumonia resolving. Repeat chest x-ray in six weeks to confirm that the consolidation cleared.",
+];
+
+/// RAPTOR's tree with the embedded store: built as a patient's notes arrive, replaced whole, never another
+/// patient's, left out of chunk searches, rebuilt without a retracted note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_keeps_each_patients_summary_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    summary_trees(s).await;
+}
+
+/// The same against a real Qdrant server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_keeps_each_patients_summary_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    summary_trees(s).await;
+}
+
+async fn summary_trees(mut s: Settings) {
+    s.raptor.enabled = true;
+    s.raptor.summary_tokens = 48;
+    s.chunking.chunk_tokens = 32;
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await.unwrap());
+    let store = indexer.store().clone();
+    let index = |id: &str, version: &str, status: &str, patient: &str, text: &str| {
+        let doc = Arc::new(pipeline.process(&note(id, version, status, patient, text)).unwrap());
+        let indexer = Arc::clone(&indexer);
+        async move { indexer.index(&doc).await.unwrap() }
+    };
+    let texts: std::collections::HashMap<String, &str> =
+        TREE_NOTES.iter().enumerate().map(|(i, t)| (format!("t-{i}"), *t)).collect();
+    // Patient 1's five notes all at once (their rebuilds meet in one lane), patient 2's one note beside them.
+    let mut tasks: Vec<_> = TREE_NOTES
+        .iter()
+        .enumerate()
+        .map(|(i, t)| tokio::spawn(index(&format!("t-{i}"), "1", "current", "Patient/t1", t)))
+        .collect();
+    tasks.push(tokio::spawn(index("u-0", "1", "current", "Patient/t2", RESPIRATORY)));
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let p1 = Filters { patient: Some("Patient/t1".into()), ..Default::default() };
+    let probe = indexer.embedder().embed(&["chest pain and pneumonia"]).await.unwrap().remove(0);
+    let all = |record: Record, filters: Filters| {
+        let (store, dense) = (store.clone(), probe.clone());
+        async move {
+            let q = Query { dense, sparse: Default::default(), filters, top: 500, fields: None, record };
+            store.search(&q).await.unwrap()
+        }
+    };
+    let chunks = all(Record::Chunks, p1.clone()).await;
+    let summaries = all(Record::Summaries, p1.clone()).await;
+    assert!(chunks.len() >= 8, "{} chunks", chunks.len());
+    assert!(!summaries.is_empty(), "no summary over {} chunks", chunks.len());
+    assert_eq!(store.count_where(&p1, Record::Summaries).await.unwrap(), summaries.len());
+    // Chunk searches never return a summary; the collapsed tree holds both.
+    assert!(chunks.iter().all(|h| h.payload["record"] == "chunk"));
+    assert_eq!(store.count_where(&p1, Record::Chunks).await.unwrap(), chunks.len());
+    assert_eq!(all(Record::Tree, p1.clone()).await.len(), chunks.len() + summaries.len());
+    let chunk_ids: std::collections::HashSet<&str> = chunks.iter().map(|h| h.id.as_str()).collect();
+    let summary_ids: std::collections::HashSet<&str> = summaries.iter().map(|h| h.id.as_str()).collect();
+    for h in &summaries {
+        let p = &h.payload;
+        assert_eq!(p["record"], "summary");
+        assert_eq!(p["patient"], "Patient/t1");
+        let level = p["level"].as_u64().unwrap();
+        let children: Vec<&str> = p["children"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        assert!(children.len() >= 2, "{p:?}");
+        let below = if level == 1 { &chunk_ids } else { &summary_ids };
+        assert!(children.iter().all(|c| below.contains(c)), "level {level} children not in the level below");
+        assert!(p["tokens"].as_u64().unwrap() <= 48);
+        // Each line of the text is the sentence it cites, cut from its note.
+        let sentences = p["sentences"].as_array().unwrap();
+        let lines: Vec<&str> = p["text"].as_str().unwrap().lines().collect();
+        assert_eq!(lines.len(), sentences.len());
+        for (line, sentence) in lines.iter().zip(sentences) {
+            let doc = sentence["doc_id"].as_str().unwrap();
+            let (a, b) = (sentence["start"].as_u64().unwrap() as usize, sentence["end"].as_u64().unwrap() as usize);
+            assert_eq!(*line, &texts[doc][a..b], "{doc} {a}..{b}");
+        }
+        assert!(p["doc_ids"].as_array().unwrap().iter().all(|d| texts.contains_key(d.as_str().unwrap())));
+    }
+    // Patient 2's single chunk needs no summary, and no summary of patient 1 reaches them.
+    let p2 = Filters { patient: Some("Patient/t2".into()), ..Default::default() };
+    let p2_chunks = store.count_where(&p2, Record::Chunks).await.unwrap();
+    let p2_summaries = all(Record::Summaries, p2.clone()).await;
+    assert!(p2_summaries.iter().all(|h| h.payload["doc_ids"] == serde_json::json!(["u-0"])), "{p2_chunks} chunks");
+    // The same notes again, one at a time: the same tree (ids are the clusters'), nothing added — so the
+    // concurrent arrival above missed no note.
+    for (i, t) in TREE_NOTES.iter().enumerate() {
+        index(&format!("t-{i}"), "1", "current", "Patient/t1", t).await;
+    }
+    let mut again: Vec<String> = all(Record::Summaries, p1.clone()).await.into_iter().map(|h| h.id).collect();
+    let mut before: Vec<String> = summaries.iter().map(|h| h.id.clone()).collect();
+    again.sort();
+    before.sort();
+    assert_eq!(again, before);
+    // A retracted note leaves the tree with it: no summary quotes it, none has its chunks as children.
+    let retracted: Vec<String> = chunks.iter().filter(|h| h.payload["doc_id"] == "t-3").map(|h| h.id.clone()).collect();
+    assert!(!retracted.is_empty());
+    index("t-3", "2", "entered-in-error", "Patient/t1", TREE_NOTES[3]).await;
+    let after = all(Record::Summaries, p1.clone()).await;
+    assert!(!after.is_empty());
+    for h in &after {
+        assert!(!h.payload["doc_ids"].as_array().unwrap().iter().any(|d| d == "t-3"), "{:?}", h.payload["doc_ids"]);
+        assert!(!h.payload["children"].as_array().unwrap().iter().any(|c| retracted.iter().any(|r| c == r)));
+    }
+    // The rebuilds are timed.
+    let body = clinstream::telemetry::metrics::metrics().render();
+    assert!(
+        body.lines().any(|l| l.starts_with("clinstream_stage_duration_seconds_count{stage=\"tree\"}")
+            && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= 1.0)),
+        "{body}"
+    );
 }
 
 /// A long run rewrites points (re-delivered or re-processed notes, new versions); the embedded engine runs no
@@ -1093,7 +1225,7 @@ async fn eval_qa_on_a_small_record_set() {
     let pipeline = Pipeline::new(&s).unwrap();
     let embedder = Embedder::start_async(&s.embed).await.unwrap();
     let strategies: Vec<String> =
-        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf"].map(String::from).to_vec();
+        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree"].map(String::from).to_vec();
     let cache = dir.path().join("cache");
     let run = clinstream::eval::qa::QaRun {
         documents: &documents,
@@ -1108,6 +1240,7 @@ async fn eval_qa_on_a_small_record_set() {
         llm: None,
         sample: 1,
         importance: None,
+        tree: (&s.raptor).into(),
     };
     let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
     assert_eq!((r.documents, r.patients), (4, 2));
@@ -1163,6 +1296,48 @@ async fn eval_qa_on_a_small_record_set() {
         assert!(st.max_tokens <= 64 && st.over_budget == 0, "{st:?}");
     }
     assert_eq!(again.strategies[2].evidence_recall, 1.0, "dense over index chunks: {:?}", again.strategies[2]);
+
+    // Multi-note questions: a patient whose three notes affirm one medication gets a question whose evidence is
+    // one sentence of each; patient a (whose notes share only common words) gets none. With room for the whole
+    // record, every strategy reaches all three notes.
+    let med = |id: &str, date: &str, text: &str| doc(id, "c", date, text);
+    let multi_docs = [
+        docs[0].clone(),
+        docs[1].clone(),
+        med("c-1", "2020-01-01", "PLAN: Started metformin 500 mg twice daily for diabetes."),
+        med("c-2", "2020-02-01", "ASSESSMENT: Tolerating metformin without nausea. Walks daily."),
+        med("c-3", "2020-03-01", "PLAN: Increase metformin to 1000 mg twice daily. Recheck in three months."),
+    ];
+    let multi_documents = dir.path().join("multi.ndjson");
+    std::fs::write(&multi_documents, multi_docs.join("\n")).unwrap();
+    let multi = clinstream::eval::qa::multi_note_questions(&pipeline, &multi_documents, 1, 0.9).unwrap();
+    let for_c: Vec<&Value> = multi.iter().filter(|q| q["patient"] == "c").collect();
+    assert_eq!(for_c.len(), 1, "{multi:?}");
+    assert!(multi.iter().all(|q| q["patient"] != "a"), "{multi:?}");
+    let q = for_c[0];
+    assert!(q["question"].as_str().unwrap().to_lowercase().contains("metformin"), "{q}");
+    assert_eq!(q["evidence_doc_ids"], serde_json::json!(["c-1", "c-2", "c-3"]));
+    assert_eq!(q["evidence"].as_array().unwrap().len(), 3);
+    let multi_questions = dir.path().join("multi.jsonl");
+    std::fs::write(&multi_questions, multi.iter().map(Value::to_string).collect::<Vec<_>>().join("\n")).unwrap();
+    let wide = clinstream::eval::qa::run(
+        &pipeline,
+        &embedder,
+        &clinstream::eval::qa::QaRun {
+            documents: &multi_documents,
+            questions: &multi_questions,
+            budget_tokens: 1024,
+            ..run.clone()
+        },
+    )
+    .await
+    .unwrap();
+    for st in &wide.strategies {
+        if st.strategy == "clear-windows" {
+            continue;
+        }
+        assert_eq!(st.evidence_notes, Some(1.0), "{st:?}");
+    }
 }
 
 /// Writes through the store writer as the indexer makes them, many documents at once: grouped on a server (small
@@ -1170,7 +1345,7 @@ async fn eval_qa_on_a_small_record_set() {
 /// ends with exactly its last write's points — older versions gone, a rewrite with fewer chunks leaves none behind,
 /// and two writes of one document apply in the order they were asked.
 async fn grouped_writes_keep_exactly_each_documents_last_points(s: Settings, expect_groups: bool) {
-    use clinstream::store::{Filters, Point, Record, Writer, point_id, window_id};
+    use clinstream::store::{Point, Writer, point_id, window_id};
     let store = Arc::new(Store::open(&s.store, 384).await.unwrap());
     let writer = Writer::start(store.clone(), 24, 4);
     let doc_points = |doc: usize, version: &str, chunks: usize| -> Vec<Point> {
@@ -1292,7 +1467,7 @@ async fn sharded_embedded_store_grouped_writes_keep_exactly_each_documents_last_
 /// ranking, the same counts and the same windows, and hybrid search finds the chunk that matches both ways first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_embedded_store_answers_as_one_shard_does() {
-    use clinstream::store::{Filters, Point, Record, Sparse, point_id, window_id};
+    use clinstream::store::{Point, Sparse, point_id, window_id};
     let dir = tempfile::tempdir().unwrap();
     let Some(s) = settings(dir.path()) else { return };
     let mut stores = Vec::new();
@@ -1349,6 +1524,7 @@ async fn a_sharded_embedded_store_answers_as_one_shard_does() {
             filters: Filters::default(),
             top: 5,
             fields: None,
+            record: Record::Chunks,
         };
         let hits = store.search(&hybrid).await.unwrap();
         assert_eq!(hits[0].id, point_id("doc-7", "1", 0).to_string());

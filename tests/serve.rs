@@ -196,7 +196,9 @@ fn chunk_doc_ids(v: &Value) -> Vec<String> {
     chunks.iter().map(|c| c["payload"]["doc_id"].as_str().unwrap().to_string()).collect()
 }
 
-async fn serves_context_and_search(s: Settings) {
+async fn serves_context_and_search(mut s: Settings) {
+    // With RAPTOR's trees on: the summaries stored beside the chunks change nothing the other routes answer.
+    s.raptor.enabled = true;
     let api = Running::start(&s).await;
     let effusion =
         json!({"patient": "Patient/p1", "question": "Is there fluid in the pleural space?", "budget_tokens": 512});
@@ -495,6 +497,55 @@ async fn serves_context_and_search(s: Settings) {
         .expect("a hit past the first chunk");
     assert_eq!(with_neighbour["previous"]["id"], with_neighbour["payload"]["prev_chunk_id"], "{with_neighbour}");
     assert_eq!(with_neighbour["previous"]["payload"]["doc_id"], with_neighbour["payload"]["doc_id"]);
+
+    // The collapsed tree (`strategy: tree`): the patient's chunks and summaries ranked together by the dense
+    // vector alone — exactly the store's own ranking of that record set — and only that patient's.
+    use clinstream::store::{Filters, Query, Record};
+    let store = api.indexer.store().clone();
+    let p1 = Filters { patient: Some("Patient/p1".into()), ..Default::default() };
+    let any = api.indexer.embedder().embed(&["findings"]).await.unwrap().remove(0);
+    let ask_store = |record: Record, dense: Vec<f32>, top: usize| {
+        let (store, filters) = (store.clone(), p1.clone());
+        async move {
+            store
+                .search(&Query { dense, sparse: Default::default(), filters, top, fields: None, record })
+                .await
+                .unwrap()
+        }
+    };
+    let summaries = ask_store(Record::Summaries, any.clone(), 100).await;
+    assert!(!summaries.is_empty(), "p1's notes have a summary tree");
+    let text = summaries[0].payload["text"].as_str().unwrap().to_string();
+    let (status, v) = api
+        .post(
+            "/v1/search",
+            Some(KEY),
+            &json!({"query": text, "patient": "p1", "top": 20, "strategy": "tree"}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let hits = v["hits"].as_array().unwrap();
+    let vector = api.indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
+    let want: Vec<String> = ask_store(Record::Tree, vector, 20).await.into_iter().map(|h| h.id).collect();
+    let got: Vec<String> = hits.iter().map(|h| h["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(got, want);
+    assert!(hits.iter().all(|h| h["payload"]["patient"] == "Patient/p1"), "{v}");
+    assert!(hits.iter().any(|h| h["payload"]["record"] == "summary"), "a summary's own text finds summaries: {v}");
+    // Hybrid and dense searches stay on chunks; a tree without a patient, or an unknown strategy, is refused.
+    for strategy in ["hybrid", "dense"] {
+        let (_, v) = api
+            .post(
+                "/v1/search",
+                Some(KEY),
+                &json!({"query": text, "patient": "p1", "top": 20, "strategy": strategy}).to_string(),
+            )
+            .await;
+        assert!(v["hits"].as_array().unwrap().iter().all(|h| h["payload"]["record"] == "chunk"), "{strategy}: {v}");
+    }
+    let (status, v) = api.post("/v1/search", Some(KEY), &json!({"query": "x", "strategy": "tree"}).to_string()).await;
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = api.post("/v1/search", Some(KEY), &json!({"query": "x", "strategy": "raptor"}).to_string()).await;
+    assert!(status == 400 || status == 422, "{status}");
 
     // A new version replaces the old one in answers; entered-in-error removes it.
     api.index(&note(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::config::Settings;
 use crate::embed::Embedder;
 use crate::query::Reader;
-use crate::query::api::SearchRequest;
+use crate::query::api::{SearchRequest, SearchStrategy};
 use crate::store::Hit;
 
 use anyhow::Context as _;
@@ -30,6 +30,9 @@ pub struct Args {
     section: Option<String>,
     #[arg(long, short = 'k', default_value_t = 5)]
     top: usize,
+    /// hybrid (default), dense, or tree (the patient's chunks and RAPTOR summaries; needs --patient).
+    #[arg(long, default_value = "hybrid", value_parser = ["hybrid", "dense", "tree"])]
+    strategy: String,
     /// Print the hits with their whole payload as JSON lines.
     #[arg(long)]
     json: bool,
@@ -38,12 +41,25 @@ pub struct Args {
 }
 
 pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
-    let Args { query, patient, section, top, json, config } = args;
+    let Args { query, patient, section, top, strategy, json, config } = args;
+    let strategy: SearchStrategy = serde_json::from_value(serde_json::Value::String(strategy))?;
     let mut settings = Settings::load(config.as_deref()).context("loading configuration")?;
     settings.log.level = "warn,clinstream::audit=info".into();
     crate::telemetry::init_logging(&settings.log)?;
     let hits = runtime(&settings)?.block_on(async {
-        let hits = search(&settings, &query, patient.as_deref(), section.as_deref(), top.max(1)).await?;
+        let request = SearchRequest {
+            query: query.clone(),
+            patient: patient.clone(),
+            top: Some(top.max(1).min(settings.serve.max_top)),
+            sections: section.clone().into_iter().collect(),
+            document_types: Vec::new(),
+            concepts: Vec::new(),
+            since: None,
+            until: None,
+            neighbours: false,
+            strategy: Some(strategy),
+        };
+        let hits = search(&settings, &request).await?;
         let documents: std::collections::BTreeSet<String> =
             hits.iter().filter_map(|h| h.payload.get("doc_id")?.as_str().map(str::to_string)).collect();
         super::audit_operator(&settings, "search", patient.as_deref(), hits.len(), documents.into_iter().collect())
@@ -64,25 +80,8 @@ pub(super) async fn reader(settings: &Settings) -> anyhow::Result<Reader> {
 }
 
 /// Runs one search against the configured store (what `POST /v1/search` answers).
-pub async fn search(
-    settings: &Settings,
-    query: &str,
-    patient: Option<&str>,
-    section: Option<&str>,
-    top: usize,
-) -> anyhow::Result<Vec<Hit>> {
-    let request = SearchRequest {
-        query: query.to_string(),
-        patient: patient.map(str::to_string),
-        top: Some(top.min(settings.serve.max_top)),
-        sections: section.map(str::to_string).into_iter().collect(),
-        document_types: Vec::new(),
-        concepts: Vec::new(),
-        since: None,
-        until: None,
-        neighbours: false,
-    };
-    let response = reader(settings).await?.search(&request).await.context("search failed")?;
+pub async fn search(settings: &Settings, request: &SearchRequest) -> anyhow::Result<Vec<Hit>> {
+    let response = reader(settings).await?.search(request).await.context("search failed")?;
     Ok(response.hits.into_iter().map(|h| Hit { id: h.id, score: h.score, payload: h.payload }).collect())
 }
 
@@ -112,7 +111,14 @@ pub fn render(hits: &[Hit], json: bool) -> String {
             "{:>2}. {:.4}  doc {}  v{}  section {}  chunk {}  patient {}\n    {}",
             rank + 1,
             h.score,
-            field("doc_id"),
+            match h.payload.get("level") {
+                // A summary quotes several notes.
+                Some(level) => format!(
+                    "summary (level {level}, notes {})",
+                    h.payload.get("doc_ids").map_or(0, |d| d.as_array().map_or(0, Vec::len))
+                ),
+                None => field("doc_id"),
+            },
             field("doc_version"),
             field("section"),
             h.payload.get("chunk_index").map_or("-".to_string(), |v| v.to_string()),

@@ -15,7 +15,14 @@
 //!   `store.dense_weight`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken best first while they fit the
 //!   budget. Ranked figures for these: Hit@1/5/10 and MRR of the first evidence-bearing chunk. Their answer
 //!   comes from the same vote over the aligned entities' mentions inside the returned chunks, so the strategies
-//!   differ only in the context they return.
+//!   differ only in the context they return;
+//! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
+//!   vectors (`raptor.*`), its summaries ranked with the chunks by cosine to the question and taken while they fit
+//!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree@central`,
+//!   `tree@round-robin` choose the summaries' sentence selection, `tree@central:128` their size too.
+//!
+//! Multi-note questions (`multi_note_questions`, `clinstream-lab eval qa-multi`) carry the note of each evidence
+//! sentence; for them `evidence_notes` is the mean share of the evidence notes the context reaches.
 //!
 //! Figures per strategy: evidence recall (questions with evidence whose context contains an evidence sentence,
 //! whitespace-insensitive), answer accuracy (present → yes; absent, uncertain, not mentioned → no), isolation
@@ -38,6 +45,7 @@ use crate::embed::Embedder;
 use crate::model::{Document, Label};
 use crate::query::align::{self, AlignParams};
 use crate::query::context::{self, ContextParams, PatientNote, Rules};
+use crate::query::raptor;
 use crate::stages::Pipeline;
 use crate::stages::clear::word_spans;
 
@@ -54,6 +62,9 @@ struct Question {
     variable: String,
     answer: String,
     evidence: Vec<String>,
+    /// Multi-note questions (`multi_note_questions`): the note of each evidence sentence.
+    #[serde(default)]
+    evidence_doc_ids: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -69,6 +80,10 @@ pub struct StrategyReport {
     /// that the filtered context still holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evidence_words_kept: Option<f64>,
+    /// Questions whose evidence lies in several notes (`evidence_doc_ids`): the mean share of those notes with an
+    /// evidence sentence in the context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence_notes: Option<f64>,
     pub answer_accuracy: f64,
     pub isolation_violations: usize,
     pub mean_tokens: f64,
@@ -156,6 +171,8 @@ pub struct QaRun<'a> {
     pub importance: Option<&'a crate::embed::importance::Importance>,
     /// Every `sample`-th question only (1: all).
     pub sample: usize,
+    /// `tree`: how each patient's summary tree is built (`raptor.*`).
+    pub tree: crate::query::raptor::TreeParams,
 }
 
 /// Runs the evaluation.
@@ -173,6 +190,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         llm,
         sample,
         importance,
+        tree,
     } = *run;
 
     let read =
@@ -248,6 +266,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let mut llm_sums = vec![(0u64, 0u64, 0u64, 0usize); reports.len()];
     // Per strategy with CPTF: the sum of the evidence words kept and the questions counted.
     let mut words_kept = vec![(0f64, 0usize); reports.len()];
+    // Per strategy: the sum of the evidence-note shares and the multi-note questions counted.
+    let mut notes_reached = vec![(0f64, 0usize); reports.len()];
+    // `tree`: each patient's summary nodes, built on first use.
+    let mut trees: HashMap<String, Vec<raptor::Node>> = HashMap::new();
     for q in &questions {
         let own = by_patient.get(bare(&q.patient)).cloned().unwrap_or_default();
         let phrases = align::phrases(&q.question);
@@ -264,6 +286,28 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
             Some(&present),
             AlignParams::default(),
         );
+        // The rule vote over the aligned answer concepts' mentions inside the returned spans (each item of the
+        // context is one or more (doc, start, end) spans: a chunk, or a summary's sentences).
+        let vote_over = |items: &[Vec<(usize, usize, usize)>]| {
+            let variable = alignment.variable.and_then(|i| variables.get(i));
+            let mut votes = Vec::new();
+            for (wi, spans) in items.iter().enumerate() {
+                for &(doc, start, end) in spans {
+                    let d = &docs[doc];
+                    for m in d.mentions.iter().filter(|m| m.start >= start && m.end <= end) {
+                        let Some(score) = alignment.concepts.get(&m.concept) else { continue };
+                        if !alignment.answer_concepts.contains(&m.concept) {
+                            continue;
+                        }
+                        let section = &d.sections[m.section];
+                        if variable.is_none_or(|v| v.admits_section(section.name)) {
+                            votes.push((wi, m.assertion, score * section.weight));
+                        }
+                    }
+                }
+            }
+            context::vote(votes.into_iter(), Rules::of(variable)).status
+        };
         let notes: Vec<PatientNote<'_>> = own.iter().map(|&i| PatientNote::from(&docs[i])).collect();
         let question_vector =
             if needs_chunks { Some(embedder.embed(&[&q.question]).await.map_err(embed_err)?) } else { None };
@@ -346,6 +390,75 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     }
                     (pieces, c.answer.status)
                 }
+                tree_strategy if tree_strategy == "tree" || tree_strategy.starts_with("tree@") => {
+                    let params = tree_variant(tree_strategy, tree);
+                    let key = format!("{tree_strategy}\u{1f}{}", bare(&q.patient));
+                    if !trees.contains_key(&key) {
+                        let leaves: Vec<raptor::Member> = own
+                            .iter()
+                            .flat_map(|d| chunks_of.get(d).into_iter().flatten().copied())
+                            .map(|c| tree_leaf(&docs, &chunks[c], c, &chunk_vectors[c], &count))
+                            .collect();
+                        let mut built = raptor::build(&leaves, &params, &|level, children| {
+                            format!("{level}:{}", children.join(","))
+                        });
+                        if tree_strategy.ends_with("+embed") {
+                            // The summaries' own text embedded (as RAPTOR does), not their members' mean.
+                            let texts: Vec<String> = built.iter().map(raptor::Node::text).collect();
+                            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                            for (n, v) in built.iter_mut().zip(embedder.embed(&refs).await.map_err(embed_err)?) {
+                                n.vector = v;
+                            }
+                        }
+                        trees.insert(key.clone(), built);
+                    }
+                    let nodes = &trees[&key];
+                    let own_chunks: Vec<usize> =
+                        own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
+                    let texts: Vec<String> = own_chunks
+                        .iter()
+                        .map(|&c| docs[chunks[c].doc].note.text[chunks[c].start..chunks[c].end].to_string())
+                        .collect();
+                    let mut candidates: Vec<(&[f32], usize)> =
+                        own_chunks.iter().zip(&texts).map(|(&c, t)| (chunk_vectors[c].as_slice(), count(t))).collect();
+                    candidates.extend(nodes.iter().map(|n| (n.vector.as_slice(), n.tokens())));
+                    let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
+                    // Every candidate ranked, for the ranked figures; then those that fit, best first.
+                    let mut ranked: Vec<(usize, f32)> =
+                        candidates.iter().enumerate().map(|(i, (v, _))| (i, cosine(&qv, v))).collect();
+                    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                    let doc_index = |id: &str| docs.iter().position(|d| d.note.doc_id == id).unwrap_or(usize::MAX);
+                    let spans_of = |i: usize| -> Vec<(usize, usize, usize)> {
+                        match i.checked_sub(own_chunks.len()) {
+                            None => {
+                                let ch = &chunks[own_chunks[i]];
+                                vec![(ch.doc, ch.start, ch.end)]
+                            }
+                            Some(n) => {
+                                nodes[n].sentences.iter().map(|s| (doc_index(&s.doc_id), s.start, s.end)).collect()
+                            }
+                        }
+                    };
+                    if !q.evidence.is_empty() {
+                        let evidence: Vec<String> = q.evidence.iter().map(|e| squeeze(e)).collect();
+                        let first = ranked.iter().position(|&(i, _)| {
+                            spans_of(i).iter().any(|&(d, a, b)| {
+                                let text = squeeze(&docs[d].note.text[a..b]);
+                                evidence.iter().any(|e| text.contains(e.as_str()))
+                            })
+                        });
+                        ranks[si].push(first);
+                    }
+                    let chosen = raptor::collapsed(&qv, &candidates, budget_tokens);
+                    let items: Vec<Vec<(usize, usize, usize)>> = chosen.iter().map(|&i| spans_of(i)).collect();
+                    let status = vote_over(&items);
+                    let pieces = items
+                        .iter()
+                        .flatten()
+                        .map(|&(d, a, b)| (d, docs.get(d).map_or(String::new(), |d| d.note.text[a..b].to_string())))
+                        .collect();
+                    (pieces, status)
+                }
                 other => {
                     let candidates: Vec<usize> =
                         own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
@@ -409,32 +522,16 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                             chosen.push(c);
                         }
                     }
-                    let variable = alignment.variable.and_then(|i| variables.get(i));
-                    let concepts = &alignment.concepts;
-                    let mut votes = Vec::new();
-                    for (wi, &c) in chosen.iter().enumerate() {
-                        let ch = &chunks[c];
-                        let d = &docs[ch.doc];
-                        for m in d.mentions.iter().filter(|m| m.start >= ch.start && m.end <= ch.end) {
-                            let Some(score) = concepts.get(&m.concept) else { continue };
-                            if !alignment.answer_concepts.contains(&m.concept) {
-                                continue;
-                            }
-                            let section = &d.sections[m.section];
-                            if variable.is_none_or(|v| v.admits_section(section.name)) {
-                                votes.push((wi, m.assertion, score * section.weight));
-                            }
-                        }
-                    }
-                    let votes = votes.into_iter();
-                    let answer = context::vote(votes, Rules::of(variable));
+                    let spans: Vec<Vec<(usize, usize, usize)>> =
+                        chosen.iter().map(|&c| vec![(chunks[c].doc, chunks[c].start, chunks[c].end)]).collect();
+                    let status = vote_over(&spans);
                     let pieces = chosen
                         .iter()
                         .map(|&c| {
                             (chunks[c].doc, docs[chunks[c].doc].note.text[chunks[c].start..chunks[c].end].to_string())
                         })
                         .collect();
-                    (pieces, answer.status)
+                    (pieces, status)
                 }
             };
             let r = &mut reports[si];
@@ -451,6 +548,24 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                 let found = q.evidence.iter().any(|e| context.contains(&squeeze(e)));
                 found_evidence = Some(found);
                 r.evidence_recall += f64::from(u8::from(found));
+                if q.evidence_doc_ids.len() == q.evidence.len() {
+                    let mut notes: Vec<&str> = q.evidence_doc_ids.iter().map(String::as_str).collect();
+                    notes.sort_unstable();
+                    notes.dedup();
+                    if notes.len() >= 2 {
+                        let reached = notes
+                            .iter()
+                            .filter(|n| {
+                                q.evidence
+                                    .iter()
+                                    .zip(&q.evidence_doc_ids)
+                                    .any(|(e, d)| d == *n && context.contains(&squeeze(e)))
+                            })
+                            .count();
+                        let (sum, k) = notes_reached[si];
+                        notes_reached[si] = (sum + reached as f64 / notes.len() as f64, k + 1);
+                    }
+                }
                 let covered = match &source {
                     Some(src) => {
                         let from: String = src.iter().map(|t| squeeze(t)).collect::<Vec<_>>().join("\u{1f}");
@@ -546,6 +661,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     for (si, r) in reports.iter_mut().enumerate() {
         r.evidence_recall /= r.with_evidence.max(1) as f64;
         r.evidence_covered /= r.with_evidence.max(1) as f64;
+        if notes_reached[si].1 > 0 {
+            r.evidence_notes = Some(notes_reached[si].0 / notes_reached[si].1 as f64);
+        }
         if words_kept[si].1 > 0 {
             r.evidence_words_kept = Some(words_kept[si].0 / words_kept[si].1 as f64);
         }
@@ -635,6 +753,48 @@ async fn index_chunks(
     Ok((chunks, vectors))
 }
 
+/// `tree` with the configured parameters, `tree@central` / `tree@round-robin` with that sentence selection,
+/// `tree@SELECTION:TOKENS` with that summary size too.
+pub fn tree_variant(strategy: &str, base: raptor::TreeParams) -> raptor::TreeParams {
+    let Some(variant) = strategy.strip_prefix("tree@") else { return base };
+    let variant = variant.strip_suffix("+embed").unwrap_or(variant);
+    let (selection, tokens) = variant.split_once(':').unwrap_or((variant, ""));
+    raptor::TreeParams {
+        selection: if selection == "round-robin" { raptor::Selection::RoundRobin } else { raptor::Selection::Central },
+        summary_tokens: tokens.parse().unwrap_or(base.summary_tokens),
+        ..base
+    }
+}
+
+/// A chunk as a leaf of the patient's tree: its vector and the note's sentences inside it.
+fn tree_leaf(
+    docs: &[Document],
+    ch: &Chunk,
+    index: usize,
+    vector: &[f32],
+    count: &dyn Fn(&str) -> usize,
+) -> raptor::Member {
+    let d = &docs[ch.doc];
+    let sentences = d
+        .sentences
+        .iter()
+        .filter(|s| s.start >= ch.start && s.end <= ch.end)
+        .map(|s| {
+            let text = &d.note.text[s.start..s.end];
+            raptor::Sentence {
+                doc_id: d.note.doc_id.clone(),
+                date: d.note.date.clone(),
+                start: s.start,
+                end: s.end,
+                tokens: count(text),
+                text: text.to_string(),
+            }
+        })
+        .collect();
+    // Ids sort like the chunks' order (zero-padded), as the store's UUIDs sort in some fixed order.
+    raptor::Member { id: format!("{index:08}"), vector: vector.to_vec(), sentences }
+}
+
 /// Sentence-packed chunks of about `CHUNK_WORDS` words per note.
 fn chunk_all(docs: &[Document]) -> Vec<Chunk> {
     let mut out = Vec::new();
@@ -706,4 +866,94 @@ impl Bm25 {
             })
             .sum()
     }
+}
+
+/// Multi-note questions built from a record set (`clinstream-lab eval qa-multi`), where RAPTOR's tree is meant to
+/// help: per patient, up to `per_patient` concepts (not anatomy) that the patient's notes mention as affirmed in at least three
+/// different notes while at most `max_share` of all notes in the set mention them (so not "pain" or "normal"), most
+/// notes first, then by concept id. The question names the concept's preferred term in one fixed template; the
+/// evidence is every sentence holding such a mention, with its note (`evidence_doc_ids`). Deterministic: the
+/// same notes give the same questions. The evidence comes from the lexicon's own mentions, so CLEAR's recall on
+/// these is not a fair figure; the questions compare chunk retrieval with the tree.
+pub fn multi_note_questions(
+    pipeline: &Pipeline,
+    documents: &Path,
+    per_patient: usize,
+    max_share: f64,
+) -> Result<Vec<serde_json::Value>, EvalError> {
+    let text = std::fs::read_to_string(documents)
+        .map_err(|source| EvalError::Io { path: documents.display().to_string(), source })?;
+    let docs: Vec<Document> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            pipeline.process(l.as_bytes()).map_err(|e| EvalError::Format {
+                path: documents.display().to_string(),
+                why: format!("line {}: {}", i + 1, e.error.code.as_str()),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // Findings, treatments and tests; a body part alone is not a question.
+    let askable = |m: &crate::model::Mention| m.assertion.is_affirmed() && m.kind != crate::model::EntityKind::Anatomy;
+    let affirmed = |d: &Document| {
+        let mut c: Vec<u32> = d.mentions.iter().filter(|m| askable(m)).map(|m| m.concept).collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    };
+    let mut notes_with: HashMap<u32, usize> = HashMap::new();
+    for d in &docs {
+        for c in affirmed(d) {
+            *notes_with.entry(c).or_default() += 1;
+        }
+    }
+    let limit = (docs.len() as f64 * max_share).floor() as usize;
+    let mut by_patient: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, d) in docs.iter().enumerate() {
+        if let Some(p) = &d.note.patient {
+            by_patient.entry(bare(p).to_string()).or_default().push(i);
+        }
+    }
+    let lexicon = pipeline.lexicon();
+    let mut out = Vec::new();
+    for (patient, own) in by_patient {
+        let mut per_concept: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for &i in &own {
+            for c in affirmed(&docs[i]) {
+                per_concept.entry(c).or_default().push(i);
+            }
+        }
+        let mut chosen: Vec<(u32, Vec<usize>)> = per_concept
+            .into_iter()
+            .filter(|(c, n)| n.len() >= 3 && notes_with.get(c).is_some_and(|&k| k <= limit))
+            .collect();
+        chosen.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(lexicon.concept(a.0).id.cmp(&lexicon.concept(b.0).id)));
+        for (concept, notes) in chosen.into_iter().take(per_patient) {
+            let c = lexicon.concept(concept);
+            let (mut evidence, mut evidence_docs) = (Vec::new(), Vec::new());
+            for &i in &notes {
+                let d = &docs[i];
+                for s in &d.sentences {
+                    let holds = d
+                        .mentions
+                        .iter()
+                        .any(|m| m.concept == concept && askable(m) && m.start >= s.start && m.end <= s.end);
+                    if holds {
+                        evidence.push(d.note.text[s.start..s.end].to_string());
+                        evidence_docs.push(d.note.doc_id.clone());
+                    }
+                }
+            }
+            out.push(serde_json::json!({
+                "patient": patient,
+                "question": format!("What do the patient's notes say about {} over time?", c.preferred),
+                "variable": format!("multi:{}", c.id),
+                "answer": "yes",
+                "evidence": evidence,
+                "evidence_doc_ids": evidence_docs,
+            }));
+        }
+    }
+    Ok(out)
 }

@@ -262,6 +262,25 @@ pub struct SearchRequest {
     /// Attach each hit's previous and next chunk (the stored neighbour ids).
     #[serde(default)]
     pub neighbours: bool,
+    /// How hits are ranked (default `hybrid`).
+    #[serde(default)]
+    pub strategy: Option<SearchStrategy>,
+}
+
+/// How `/v1/search` ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchStrategy {
+    /// The patient's chunks by dense and BM25 scores fused (`store.dense_weight`).
+    #[default]
+    Hybrid,
+    /// The chunks by the dense vector alone.
+    Dense,
+    /// RAPTOR's collapsed tree: one patient's chunks and summary nodes (`record: "summary"`, with `level`,
+    /// `children`, `sentences`) ranked together by the dense vector. Needs `patient`; the summaries exist where
+    /// the worker runs with `raptor.enabled`. A summary has no section, type, concept or date fields, so those
+    /// filters leave summaries out.
+    Tree,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

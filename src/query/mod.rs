@@ -3,7 +3,8 @@
 //! duplicates, cut to a token budget, with the answer those windows support), the stored windows as note
 //! fragments (`windows`; the write side builds them there too), the patient's facts (`facts`), and the
 //! concept-label index (`labels`), the generative step's prompt and answer check (`answer`), and CPTF token
-//! filtering of windows by attention importance (`cptf`).
+//! filtering of windows by attention importance (`cptf`), and RAPTOR's summary tree over a patient's chunks
+//! (`raptor`).
 //!
 //! `reader` runs the method over its edges — the embedder, the store, the label cache — for one request; it is
 //! what the query service and `clinstream context` call. Everything else here is pure given its inputs (the
@@ -17,6 +18,7 @@ pub mod context;
 pub mod cptf;
 pub mod facts;
 pub mod labels;
+pub mod raptor;
 pub mod reader;
 pub mod windows;
 

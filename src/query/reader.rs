@@ -26,7 +26,7 @@ use super::windows::fragments;
 use crate::config::Settings;
 use crate::embed::{EmbedError, Embedder};
 use crate::stages::Pipeline;
-use crate::store::{self, Filters, Query, Store, StoreError, bm25};
+use crate::store::{self, Filters, Query, Record, Store, StoreError, bm25};
 
 /// Most windows read for one patient per request (a larger record is cut in point-id order; at ±150 words a
 /// window per mention cluster, this is thousands of notes).
@@ -245,7 +245,14 @@ impl Reader {
             f.sections = req.sections.clone();
             let dense = phrase_vectors.first().cloned().unwrap_or_default();
             let top = context::fill_candidates(budget).min(self.settings.max_top);
-            let q = Query { dense, sparse: store::Sparse::default(), filters: f, top, fields: Some(FILL_FIELDS) };
+            let q = Query {
+                dense,
+                sparse: store::Sparse::default(),
+                filters: f,
+                top,
+                fields: Some(FILL_FIELDS),
+                record: Record::Chunks,
+            };
             let store = Arc::clone(&self.store);
             tokio::spawn(async move { store.search(&q).await })
         };
@@ -356,7 +363,11 @@ impl Reader {
         let mut filters =
             self.filters(req.patient.as_deref(), req.since.as_deref(), req.until.as_deref(), &req.document_types)?;
         filters.concepts = req.concepts.clone();
-        let hits = self.hybrid(req.query.trim(), filters, &req.sections, top).await?;
+        let strategy = req.strategy.unwrap_or_default();
+        if strategy == api::SearchStrategy::Tree && req.patient.is_none() {
+            return Err(ReadError::BadRequest("strategy: `tree` searches one patient's tree; give `patient`".into()));
+        }
+        let hits = self.ranked(req.query.trim(), filters, &req.sections, top, strategy).await?;
         let mut out: Vec<api::Hit> = hits.into_iter().map(api::Hit::from).collect();
         if req.neighbours {
             // The stored previous/next chunk ids, fetched once each, attached to the hit they neighbour.
@@ -383,17 +394,24 @@ impl Reader {
         Ok(SearchResponse { hits: out })
     }
 
-    /// Hybrid chunk search for `text`: dense and BM25, fused by score (`store.dense_weight`).
-    async fn hybrid(
+    /// The search of `strategy` for `text`: hybrid (dense and BM25 fused by score, `store.dense_weight`), dense
+    /// alone, or dense over the collapsed tree (the patient's chunks and RAPTOR summaries together).
+    async fn ranked(
         &self,
         text: &str,
         mut filters: Filters,
         sections: &[String],
         top: usize,
+        strategy: api::SearchStrategy,
     ) -> Result<Vec<store::Hit>, ReadError> {
         filters.sections = sections.to_vec();
         let dense = self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default();
-        let q = Query { dense, sparse: bm25::sparse_query(&self.bm25, text), filters, top, fields: None };
+        let (sparse, record) = match strategy {
+            api::SearchStrategy::Hybrid => (bm25::sparse_query(&self.bm25, text), Record::Chunks),
+            api::SearchStrategy::Dense => (store::Sparse::default(), Record::Chunks),
+            api::SearchStrategy::Tree => (store::Sparse::default(), Record::Tree),
+        };
+        let q = Query { dense, sparse, filters, top, fields: None, record };
         Ok(self.store.search(&q).await?)
     }
 

@@ -30,7 +30,7 @@ use qdrant_edge::{
     CountRequest, CreateIndex, Distance, EdgeConfig, EdgeShard, EdgeSparseVectorParams, EdgeVectorParams,
     FieldIndexOperations, Filter, JsonPath, Memory, Modifier, NamedQuery, Payload, PayloadFieldSchema, PointId,
     PointInsertOperations, PointOperations, QueryEnum, QueryRequest, ScoringQuery, SparseVector, UpdateOperation,
-    VectorInternal, Vectors, WithPayloadInterface,
+    VectorInternal, VectorStructInternal, Vectors, WithPayloadInterface, WithVector,
 };
 use serde_json::Value;
 
@@ -91,6 +91,18 @@ pub fn shard_of(doc_id: &str, shards: usize) -> usize {
 }
 
 /// The document a point belongs to (every point the indexer writes carries `doc_id`).
+/// The dense vector of a stored record (none when it has none, as a window).
+fn dense_of(v: Option<VectorStructInternal>) -> Vec<f32> {
+    match v {
+        Some(VectorStructInternal::Named(mut m)) => match m.remove(DENSE) {
+            Some(VectorInternal::Dense(d)) => d,
+            _ => Vec::new(),
+        },
+        Some(VectorStructInternal::Single(d)) => d,
+        _ => Vec::new(),
+    }
+}
+
 fn doc_of(p: &Point) -> &str {
     p.payload.get("doc_id").and_then(Value::as_str).unwrap_or("")
 }
@@ -515,7 +527,7 @@ impl EmbeddedStore {
     }
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
-        let filter = Some(filter_of(&q.filters, Record::Chunks)?);
+        let filter = Some(filter_of(&q.filters, q.record)?);
         let candidates = (q.top * 4).max(20);
         let dense = ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
             query: VectorInternal::Dense(q.dense.clone()),
@@ -624,6 +636,75 @@ impl EmbeddedStore {
             futures_collect(reads).await?.into_iter().flatten().collect();
         all.truncate(limit);
         Ok(all)
+    }
+
+    /// The points matching the filters with their dense vectors and the given payload fields, at most `limit`
+    /// (all shards together).
+    pub async fn scroll_vectors(
+        &self,
+        f: &Filters,
+        record: Record,
+        limit: usize,
+        fields: &[&str],
+    ) -> Result<Vec<super::Stored>, StoreError> {
+        let filter = filter_of(f, record)?;
+        let payload = payload_of(Some(fields))?;
+        let reads = self.shards.iter().map(|shard| {
+            let (filter, payload) = (filter.clone(), payload.clone());
+            shard.read(move |engine| {
+                let mut out = Vec::new();
+                let mut offset: Option<PointId> = None;
+                loop {
+                    let page = 256.min(limit.saturating_sub(out.len()));
+                    if page == 0 {
+                        break;
+                    }
+                    let mut request = qdrant_edge::ScrollRequestBuilder::new()
+                        .limit(page)
+                        .filter(filter.clone())
+                        .with_payload(payload.clone())
+                        .with_vector(WithVector::Selector(vec![DENSE.into()]));
+                    if let Some(o) = offset {
+                        request = request.offset(o);
+                    }
+                    let (records, next) = engine.scroll(request.build()).map_err(fatal("scroll failed"))?;
+                    out.extend(records.into_iter().map(|r| super::Stored {
+                        id: id_string(r.id),
+                        dense: dense_of(r.vector),
+                        payload: r.payload.map(|Payload(m)| m).unwrap_or_default(),
+                    }));
+                    match next {
+                        Some(n) => offset = Some(n),
+                        None => break,
+                    }
+                }
+                Ok(out)
+            })
+        });
+        let mut all: Vec<super::Stored> = futures_collect(reads).await?.into_iter().flatten().collect();
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    /// Upserts a patient's summary points and deletes the patient's other summary points, in one update of the
+    /// patient's shard.
+    pub async fn replace_summaries(&self, patient: &str, points: Vec<Point>) -> Result<(), StoreError> {
+        let shard = &self.shards[self.shard_for(patient)];
+        let keep: Vec<uuid::Uuid> = points.iter().map(|p| p.id).collect();
+        let n = points.len() as u64 + 1;
+        let filter = parse_filter(super::summaries_except(patient, &keep))?;
+        let points = points.into_iter().map(engine_point).collect::<Result<Vec<_>, _>>()?;
+        let batch = self.batch;
+        shard
+            .write(move |engine| {
+                if !points.is_empty() {
+                    upsert_into(engine, points, batch)?;
+                }
+                delete_where(engine, filter)
+            })
+            .await?;
+        shard.note_updates(n, self.maintain_every);
+        Ok(())
     }
 
     /// Points by id, in the order asked (missing ones left out).

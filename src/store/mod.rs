@@ -45,6 +45,11 @@ pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
 /// The `record` payload value of entity-window points (chunks carry `chunk`; chunks written before windows
 /// existed carry none, so readers of chunks exclude windows rather than require `chunk`).
 pub const WINDOW: &str = "window";
+/// The `record` payload value of RAPTOR's summary points (`query::raptor`): one patient's, never a document's
+/// (no `doc_id`: a summary quotes several notes, `doc_ids`), replaced as a whole when the patient's tree is rebuilt.
+pub const SUMMARY: &str = "summary";
+/// The payload fields [`Store::leaves`] returns with each chunk's vector: what a tree's leaf is made of.
+pub const LEAF_FIELDS: &[&str] = &["doc_id", "doc_date", "start", "end", "text", "units"];
 
 /// Namespace of point ids (UUIDv5): fixed forever, so ids stay stable across versions of clinstream.
 const POINT_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6c1b_5e2a_3f0d_4c8e_9a7b_2d4f_6e8c_1a3b);
@@ -52,6 +57,14 @@ const POINT_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6c1b_5e2a_3f0d_4c8e_
 /// The point id of chunk `index` of a document version.
 pub fn point_id(doc_id: &str, version: &str, index: usize) -> uuid::Uuid {
     uuid::Uuid::new_v5(&POINT_NAMESPACE, format!("{doc_id}\u{1f}{version}\u{1f}{index}").as_bytes())
+}
+
+/// The point id of a summary node: its patient, level and sorted children (an unchanged cluster keeps its id).
+pub fn summary_id(patient: &str, level: usize, children: &[String]) -> uuid::Uuid {
+    uuid::Uuid::new_v5(
+        &POINT_NAMESPACE,
+        format!("summary\u{1f}{patient}\u{1f}{level}\u{1f}{}", children.join(",")).as_bytes(),
+    )
 }
 
 /// The point id of entity window `index` of a document version (a namespace apart from chunk ids).
@@ -102,10 +115,16 @@ pub struct Filters {
 }
 
 /// Which points a filter selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Record {
+    /// Chunks (neither windows nor summaries).
+    #[default]
     Chunks,
     Windows,
+    /// RAPTOR's summary nodes.
+    Summaries,
+    /// The collapsed tree: chunks and summary nodes together.
+    Tree,
 }
 
 impl Filters {
@@ -116,8 +135,10 @@ impl Filters {
         let mut must = Vec::new();
         let mut must_not = Vec::new();
         match record {
-            Record::Chunks => must_not.push(json!({"key": "record", "match": {"value": WINDOW}})),
+            Record::Chunks => must_not.push(json!({"key": "record", "match": {"any": [WINDOW, SUMMARY]}})),
             Record::Windows => must.push(json!({"key": "record", "match": {"value": WINDOW}})),
+            Record::Summaries => must.push(json!({"key": "record", "match": {"value": SUMMARY}})),
+            Record::Tree => must_not.push(json!({"key": "record", "match": {"value": WINDOW}})),
         }
         if let Some(p) = &self.patient {
             must.push(json!({"key": "patient", "match": {"value": p}}));
@@ -157,6 +178,8 @@ pub struct Query {
     /// The payload fields the hits carry; `None`: all of them. A chunk's payload is ~2 kB of metadata, most of
     /// which a caller that needs only the text and offsets should not pay to move.
     pub fields: Option<&'static [&'static str]>,
+    /// Chunks (the default) or the collapsed tree (chunks and summaries).
+    pub record: Record,
 }
 
 /// How a dense-only nearest-neighbour search runs (`ServerStore::nearest`).
@@ -175,6 +198,14 @@ pub enum DenseSearch {
 pub struct Hit {
     pub id: String,
     pub score: f32,
+    pub payload: Map<String, Value>,
+}
+
+/// A stored chunk with its dense vector (`Store::leaves`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub id: String,
+    pub dense: Vec<f32>,
     pub payload: Map<String, Value>,
 }
 
@@ -322,6 +353,26 @@ impl Store {
         }
     }
 
+    /// A patient's chunks with their dense vectors and [`LEAF_FIELDS`] (at most `limit`): the leaves of the
+    /// patient's summary tree.
+    pub async fn leaves(&self, patient: &str, limit: usize) -> Result<Vec<Stored>, StoreError> {
+        let f = Filters { patient: Some(patient.to_string()), ..Default::default() };
+        match self {
+            Store::Embedded(s) => s.scroll_vectors(&f, Record::Chunks, limit, LEAF_FIELDS).await,
+            Store::Server(s) => s.scroll_vectors(&f, Record::Chunks, limit, LEAF_FIELDS).await,
+        }
+    }
+
+    /// Writes a patient's summary points, then removes the patient's other summary points: the tree is replaced
+    /// as a whole, new nodes first, so a search always finds a whole tree (embedded: one update of the patient's
+    /// shard).
+    pub async fn replace_summaries(&self, patient: &str, points: Vec<Point>) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.replace_summaries(patient, points).await,
+            Store::Server(s) => s.replace_summaries(patient, points).await,
+        }
+    }
+
     /// Chunks by id (neighbour expansion), in the order asked; missing ids are left out.
     pub async fn chunks(&self, ids: &[String]) -> Result<Vec<Hit>, StoreError> {
         match self {
@@ -353,6 +404,16 @@ pub(crate) fn document_filter(doc_id: &str, keep_version: Option<&str>) -> Value
         f["must_not"] = serde_json::json!([{"key": "doc_version", "match": {"value": v}}]);
     }
     f
+}
+
+/// Filter matching a patient's summary points other than `keep`.
+pub(crate) fn summaries_except(patient: &str, keep: &[uuid::Uuid]) -> Value {
+    let keep: Vec<String> = keep.iter().map(|u| u.to_string()).collect();
+    let must_not = if keep.is_empty() { Vec::new() } else { vec![serde_json::json!({"has_id": keep})] };
+    serde_json::json!({
+        "must": [{"key": "patient", "match": {"value": patient}}, {"key": "record", "match": {"value": SUMMARY}}],
+        "must_not": must_not,
+    })
 }
 
 /// Filter matching the points of these documents other than `keep`.
@@ -415,6 +476,7 @@ pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, dense_weight: f32, top: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn hit(id: &str, score: f32) -> Hit {
         Hit { id: id.into(), score, payload: Default::default() }
@@ -469,7 +531,7 @@ mod tests {
     fn chunk_filters_exclude_windows_and_window_filters_require_them() {
         let f = Filters { patient: Some("Patient/1".into()), since: Some(20240101), ..Default::default() };
         let chunks = f.to_json(Record::Chunks);
-        assert_eq!(chunks["must_not"][0]["match"]["value"], WINDOW);
+        assert_eq!(chunks["must_not"][0]["match"]["any"], json!([WINDOW, SUMMARY]));
         assert_eq!(chunks["must"][1]["range"]["gte"], 20240101);
         assert!(chunks["must"][1]["range"]["lte"].is_null());
         let windows = f.to_json(Record::Windows);
@@ -478,6 +540,17 @@ mod tests {
         // Both parse as the embedded engine's filter.
         let _: qdrant_edge::Filter = serde_json::from_value(chunks).unwrap();
         let _: qdrant_edge::Filter = serde_json::from_value(windows).unwrap();
+        // Summaries alone, and the collapsed tree (chunks and summaries, no windows).
+        let summaries = f.to_json(Record::Summaries);
+        assert_eq!(summaries["must"][0]["match"]["value"], SUMMARY);
+        let tree = f.to_json(Record::Tree);
+        assert_eq!(tree["must_not"][0]["match"]["value"], WINDOW);
+        assert_eq!(tree["must_not"].as_array().unwrap().len(), 1);
+        for f in [summaries, tree, summaries_except("Patient/1", &[summary_id("Patient/1", 1, &[])])] {
+            let _: qdrant_edge::Filter = serde_json::from_value(f).unwrap();
+        }
+        assert_ne!(summary_id("Patient/1", 1, &["a".into()]), summary_id("Patient/1", 2, &["a".into()]));
+        assert_ne!(summary_id("Patient/1", 1, &["a".into()]), summary_id("Patient/2", 1, &["a".into()]));
     }
 
     #[test]

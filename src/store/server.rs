@@ -17,7 +17,8 @@ use qdrant_client::qdrant::{
 use qdrant_client::{Payload, Qdrant, QdrantError};
 
 use super::{
-    DENSE, DenseSearch, Filters, Hit, INDEXED_FIELDS, INTEGER_FIELDS, Point, Query, Record, SPARSE, StoreError, WINDOW,
+    DENSE, DenseSearch, Filters, Hit, INDEXED_FIELDS, INTEGER_FIELDS, Point, Query, Record, SPARSE, SUMMARY,
+    StoreError, Stored, WINDOW,
 };
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
@@ -98,8 +99,10 @@ fn filter_of(f: &Filters, record: Record) -> Filter {
     let mut must = Vec::new();
     let mut must_not = Vec::new();
     match record {
-        Record::Chunks => must_not.push(Condition::matches("record", WINDOW.to_string())),
+        Record::Chunks => must_not.push(Condition::matches("record", vec![WINDOW.to_string(), SUMMARY.to_string()])),
         Record::Windows => must.push(Condition::matches("record", WINDOW.to_string())),
+        Record::Summaries => must.push(Condition::matches("record", SUMMARY.to_string())),
+        Record::Tree => must_not.push(Condition::matches("record", WINDOW.to_string())),
     }
     if let Some(p) = &f.patient {
         must.push(Condition::matches("patient", p.clone()));
@@ -347,7 +350,7 @@ impl ServerStore {
     }
 
     pub async fn search(&self, q: &Query) -> Result<Vec<Hit>, StoreError> {
-        let filter = Some(filter_of(&q.filters, Record::Chunks));
+        let filter = Some(filter_of(&q.filters, q.record));
         let int8 = self.int8.then(|| {
             SearchParamsBuilder::default()
                 .quantization(QuantizationSearchParamsBuilder::default().rescore(true).oversampling(INT8_OVERSAMPLING))
@@ -500,6 +503,73 @@ impl ServerStore {
             }
         }
         Ok(out)
+    }
+
+    /// The points matching the filters with their dense vectors and the given payload fields, paged by id, at most
+    /// `limit`.
+    pub async fn scroll_vectors(
+        &self,
+        f: &Filters,
+        record: Record,
+        limit: usize,
+        fields: &[&str],
+    ) -> Result<Vec<Stored>, StoreError> {
+        use qdrant_client::qdrant::{ScrollPointsBuilder, VectorsSelector, vector_output::Vector};
+
+        let filter = filter_of(f, record);
+        let mut out = Vec::new();
+        let mut offset = None;
+        loop {
+            let page = 256.min(limit.saturating_sub(out.len())) as u32;
+            if page == 0 {
+                break;
+            }
+            let mut request = ScrollPointsBuilder::new(&self.collection)
+                .filter(filter.clone())
+                .limit(page)
+                .with_payload(included(fields))
+                .with_vectors(VectorsSelector { names: vec![DENSE.to_string()] });
+            if let Some(o) = offset.take() {
+                request = request.offset(o);
+            }
+            let r = self.client.scroll(request).await.map_err(|e| classify("scroll", e))?;
+            out.extend(r.result.into_iter().map(|p| {
+                let dense = match p.vectors.and_then(|v| v.get_vector_by_name(DENSE)) {
+                    Some(Vector::Dense(d)) => d.data,
+                    _ => Vec::new(),
+                };
+                Stored {
+                    id: id_string(p.id),
+                    dense,
+                    payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
+                }
+            }));
+            match r.next_page_offset {
+                Some(n) => offset = Some(n),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Upserts a patient's summary points, then deletes the patient's other summary points.
+    pub async fn replace_summaries(&self, patient: &str, points: Vec<Point>) -> Result<(), StoreError> {
+        let keep: Vec<qdrant_client::qdrant::PointId> = points.iter().map(|p| p.id.to_string().into()).collect();
+        if !points.is_empty() {
+            self.upsert(points).await?;
+        }
+        let mut filter = Filter::must([
+            Condition::matches("patient", patient.to_string()),
+            Condition::matches("record", SUMMARY.to_string()),
+        ]);
+        if !keep.is_empty() {
+            filter.must_not = vec![Condition::has_id(keep)];
+        }
+        self.client
+            .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
+            .await
+            .map_err(|e| classify("delete", e))?;
+        Ok(())
     }
 
     /// Points by id, in the order asked (missing ones left out).

@@ -499,9 +499,22 @@ impl Metrics {
 }
 
 /// Every `stage` label of `clinstream_stage_duration_seconds`: the text stages (`Timings::stages`), the outputs
-/// side (`sink`), indexing as a whole (`index`) and its parts (`embed`, `qdrant`).
-pub const STAGES: &[&str] =
-    &["decode", "fetch", "sections", "sentences", "entities", "variables", "kg", "sink", "index", "embed", "qdrant"];
+/// side (`sink`), indexing as a whole (`index`) and its parts (`embed`, `qdrant`, `tree`: a patient's RAPTOR tree
+/// rebuilt).
+pub const STAGES: &[&str] = &[
+    "decode",
+    "fetch",
+    "sections",
+    "sentences",
+    "entities",
+    "variables",
+    "kg",
+    "sink",
+    "index",
+    "embed",
+    "qdrant",
+    "tree",
+];
 
 /// The process-wide metrics. Label sets known in advance are created at zero, so dashboards and alerts see
 /// every series (e.g. `clinstream_kafka_commits_total{outcome="failed"} 0`) before the first event.

@@ -158,6 +158,21 @@ pub enum BenchCommand {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// RAPTOR's tree as notes arrive: each note indexed (as the worker does), then its patient's tree rebuilt from
+    /// the store, timed note by note, on a fresh embedded store (or with `--url` a new collection on a Qdrant
+    /// server, dropped afterwards); prints JSON with the rebuild's p50/p99 against the goal of 50 ms a note.
+    Tree {
+        /// DocumentReference NDJSON in arrival order (e.g. ../shared/eval/qa/documents.ndjson).
+        #[arg(long)]
+        documents: PathBuf,
+        /// The first N notes only.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long, env = "QDRANT_URL")]
+        url: Option<String>,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Recall of int8 scalar quantization against exact search on a Qdrant server: stores the sentence groups of
     /// `--notes` notes in a new int8 collection, then compares the top `--top` of held-out queries under exact
     /// search, HNSW, and HNSW on int8 vectors with and without rescoring; prints JSON.
@@ -246,6 +261,12 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
             };
             let real = csv.is_some().then_some((&pipeline, events.as_slice()));
             let r = measure::store(&settings, real, docs, chunks, windows, concurrency, &groups, url.as_deref(), runs)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Tree { documents, limit, url, config } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let r = measure::tree(&settings, &pipeline, &documents, limit, url.as_deref())?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

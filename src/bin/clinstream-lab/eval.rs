@@ -1,5 +1,6 @@
 //! `clinstream-lab eval …`: quality on the labelled sets (`make eval`; docs/evaluation.md).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -61,7 +62,9 @@ pub enum EvalCommand {
         /// answers by default; `clear@0.5` with another share of the budget for related windows when the answer
         /// target is not mentioned; `clear+cptf`, `clear+cptf@0.4` with each window filtered by CPTF to that share
         /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
-        /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank).
+        /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank), tree
+        /// (RAPTOR's collapsed tree over the same chunks, built under `raptor.*`; `tree@round-robin`,
+        /// `tree@central:128` with another sentence selection or summary size).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
@@ -85,6 +88,21 @@ pub enum EvalCommand {
         /// Every N-th question only (a spread of the set, for a slow model).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
         sample: u64,
+    },
+    /// Multi-note questions from a record set (JSONL on stdout, the `qa` format with `evidence_doc_ids`): per
+    /// patient, concepts the patient's notes affirm in three or more notes and few notes of the set mention.
+    QaMulti {
+        /// DocumentReference NDJSON (the patients' notes).
+        #[arg(long)]
+        documents: PathBuf,
+        /// Questions per patient, at most.
+        #[arg(long, default_value_t = 1)]
+        per_patient: usize,
+        /// Concepts mentioned in more than this share of all notes are too common to ask about.
+        #[arg(long, default_value_t = 0.05)]
+        max_share: f64,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Knowledge graph against Synthea's coded conditions and medications (a baseline, no target).
     KgSynthea {
@@ -210,15 +228,20 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
                 anyhow::ensure!(
-                    ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf"].contains(&s.as_str())
+                    ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree"].contains(&s.as_str())
                         || s == "clear+cptf"
+                        || s.strip_prefix("tree@").is_some_and(|v| {
+                            let v = v.strip_suffix("+embed").unwrap_or(v);
+                            let (sel, tokens) = v.split_once(':').unwrap_or((v, "16"));
+                            ["central", "round-robin"].contains(&sel) && tokens.parse::<usize>().is_ok_and(|t| t >= 16)
+                        })
                         || s.strip_prefix("hybrid@")
                             .or_else(|| s.strip_prefix("clear@"))
                             .or_else(|| s.strip_prefix("clear+cptf@"))
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf)"
+                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@central|round-robin[:TOKENS])"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -269,6 +292,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     llm: eval_llm.as_ref(),
                     sample: sample as usize,
                     importance: importance.as_ref(),
+                    tree: (&settings.raptor).into(),
                 };
                 clinstream::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
             })?;
@@ -307,6 +331,9 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             )
                         }
                     );
+                    if let Some(n) = s.evidence_notes {
+                        println!("{:<13} evidence notes reached {n:.3} (multi-note questions)", "");
+                    }
                     if let Some(l) = &s.llm {
                         println!(
                             "{:<13} LLM accuracy {:.3} (rule vote {:.3}) over {} asked, failed {}, citations outside \
@@ -324,6 +351,16 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                         );
                     }
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EvalCommand::QaMulti { documents, per_patient, max_share, config } => {
+            let (_, pipeline) = pipeline(config.as_deref())?;
+            let questions = clinstream::eval::qa::multi_note_questions(&pipeline, &documents, per_patient, max_share)
+                .context("building multi-note questions")?;
+            let mut out = std::io::stdout().lock();
+            for q in &questions {
+                writeln!(out, "{q}")?;
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -1,0 +1,668 @@
+//! RAPTOR's summary tree over one patient's chunks (pure). The leaves are the patient's stored chunks — their
+//! dense vectors and their sentences; each level clusters the nodes of the level below and gives every cluster of
+//! two or more members a summary node; the next level clusters those summaries, up to `TreeParams::max_levels`
+//! or until one cluster is left. Retrieval ranks the leaves and the summary nodes together ("collapsed tree").
+//!
+//! Choices, each cheaper than the paper's and said so in docs/read-side.md:
+//! * **Reduction**: PCA to `dims` components (subspace iteration on the centred vectors, a fixed start, so the
+//!   same input gives the same tree) in place of UMAP — linear, deterministic, and a few milliseconds for a
+//!   patient's few hundred chunks, where UMAP's neighbour graph and optimisation cost far more and vary by seed.
+//! * **Clustering**: a Gaussian mixture with diagonal covariances on the reduced vectors, fitted by EM from a
+//!   seeded k-means++ start, for every k from 1 to `max_clusters` (and at most a third of the nodes); the k with
+//!   the lowest BIC wins. Each node goes to its most likely cluster (the paper also lets a node join every cluster
+//!   above a probability threshold; hard assignment keeps a sentence from being repeated across summaries).
+//! * **Summaries are extractive**: a cluster's members are ordered by the cosine of their vector to the cluster's
+//!   centre, and sentences are taken round-robin — the first sentence of each member nearest the centre first,
+//!   then each one's second, … — while they fit `summary_tokens` (each sentence's token count as the indexer
+//!   counted it). So a summary holds something of every member, nearest first, across the patient's notes. Its
+//!   text is those sentences in reading order (date, note, offset); each keeps its note and offsets, so a summary
+//!   is cited like a chunk.
+//! * **A summary's vector** is its members' vectors averaged and normalised (as SEOS `composed` composes chunk
+//!   vectors from sentence vectors): no model call, so rebuilding a patient's tree costs no embedding.
+//!
+//! Node ids are UUIDv5 of the patient, the level and the sorted child ids (`store::summary_id`): an unchanged
+//! cluster keeps its id when the tree is rebuilt.
+
+use std::collections::HashMap;
+
+use ndarray::{Array1, Array2, Axis};
+use serde::{Deserialize, Serialize};
+
+/// One sentence of a leaf or a summary: where it is, its tokens, its text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sentence {
+    pub doc_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    pub start: usize,
+    pub end: usize,
+    pub tokens: usize,
+    pub text: String,
+}
+
+/// A node to cluster: a leaf (a chunk: its point id, vector and sentences in reading order) or a summary of the
+/// level below (its sentences in the order they were picked, nearest the centre first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    pub id: String,
+    pub vector: Vec<f32>,
+    pub sentences: Vec<Sentence>,
+}
+
+/// A summary node of the tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub id: String,
+    /// 1 = a summary of leaves; 2 = of level-1 summaries; ...
+    pub level: usize,
+    /// The ids of the members it summarises (leaves' point ids at level 1).
+    pub children: Vec<String>,
+    /// Unit length.
+    pub vector: Vec<f32>,
+    /// In the order picked (nearest the centre first); `text` gives them in reading order.
+    pub sentences: Vec<Sentence>,
+}
+
+impl Node {
+    /// The summary's tokens (its sentences').
+    pub fn tokens(&self) -> usize {
+        self.sentences.iter().map(|s| s.tokens).sum()
+    }
+
+    /// The sentences in reading order (note date, note, offset).
+    pub fn in_reading_order(&self) -> Vec<&Sentence> {
+        let mut s: Vec<&Sentence> = self.sentences.iter().collect();
+        s.sort_by(|a, b| a.date.cmp(&b.date).then(a.doc_id.cmp(&b.doc_id)).then(a.start.cmp(&b.start)));
+        s
+    }
+
+    /// The summary's text: its sentences in reading order, one per line.
+    pub fn text(&self) -> String {
+        self.in_reading_order().iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join("\n")
+    }
+
+    /// The notes it quotes, sorted, each once.
+    pub fn doc_ids(&self) -> Vec<String> {
+        let mut d: Vec<String> = self.sentences.iter().map(|s| s.doc_id.clone()).collect();
+        d.sort();
+        d.dedup();
+        d
+    }
+
+    /// As a member of the level above.
+    fn member(&self) -> Member {
+        Member { id: self.id.clone(), vector: self.vector.clone(), sentences: self.sentences.clone() }
+    }
+}
+
+/// How the tree is built (`raptor.*`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TreeParams {
+    /// Tokens of one summary.
+    pub summary_tokens: usize,
+    /// Summary levels above the leaves.
+    pub max_levels: usize,
+    /// The largest number of clusters tried at one level.
+    pub max_clusters: usize,
+    /// PCA components the vectors are reduced to before clustering.
+    pub dims: usize,
+    /// How a summary's sentences are chosen.
+    pub selection: Selection,
+}
+
+/// How a summary's sentences are chosen (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Selection {
+    /// The sentences nearest the cluster's TF-IDF centroid first.
+    #[default]
+    Central,
+    /// Each member's first sentence (members nearest the centre first), then each one's second, ...
+    RoundRobin,
+}
+
+impl Default for TreeParams {
+    fn default() -> Self {
+        TreeParams { summary_tokens: 256, max_levels: 3, max_clusters: 8, dims: 10, selection: Selection::Central }
+    }
+}
+
+impl From<&crate::config::RaptorSettings> for TreeParams {
+    fn from(r: &crate::config::RaptorSettings) -> Self {
+        TreeParams {
+            summary_tokens: r.summary_tokens,
+            max_levels: r.max_levels,
+            max_clusters: r.max_clusters,
+            dims: r.dims,
+            selection: Selection::default(),
+        }
+    }
+}
+
+/// The summary nodes of one patient's tree over `leaves`, lowest level first. `node_id(level, sorted child ids)`
+/// names a node. The leaves are taken in id order, so the tree does not depend on the order the store returned
+/// them in.
+pub fn build(leaves: &[Member], p: &TreeParams, node_id: &dyn Fn(usize, &[String]) -> String) -> Vec<Node> {
+    let mut current: Vec<Member> = leaves.iter().filter(|m| !m.vector.is_empty()).cloned().collect();
+    current.sort_by(|a, b| a.id.cmp(&b.id));
+    let idf = inverse_frequencies(&current);
+    let mut nodes = Vec::new();
+    for level in 1..=p.max_levels {
+        if current.len() < 2 {
+            break;
+        }
+        let labels = cluster(&current, p.max_clusters, p.dims);
+        let k = labels.iter().max().map_or(0, |m| m + 1);
+        let mut next = Vec::new();
+        for c in 0..k {
+            let members: Vec<&Member> = current.iter().zip(&labels).filter(|(_, l)| **l == c).map(|(m, _)| m).collect();
+            if members.len() < 2 {
+                // One member summarises itself: it stays where it is in the collapsed tree.
+                continue;
+            }
+            next.push(summarise(&members, level, p, &idf, node_id));
+        }
+        let done = next.len() <= 1;
+        current = next.iter().map(Node::member).collect();
+        nodes.extend(next);
+        if done {
+            break;
+        }
+    }
+    nodes
+}
+
+/// One cluster's summary node (module docs: round-robin over the members nearest the centre first).
+fn summarise(
+    members: &[&Member],
+    level: usize,
+    p: &TreeParams,
+    idf: &HashMap<String, f32>,
+    node_id: &dyn Fn(usize, &[String]) -> String,
+) -> Node {
+    let dim = members[0].vector.len();
+    let mut centre = vec![0f32; dim];
+    for m in members {
+        for (c, x) in centre.iter_mut().zip(&m.vector) {
+            *c += x;
+        }
+    }
+    normalise(&mut centre);
+    let mut order: Vec<(&Member, f32)> = members.iter().map(|m| (*m, dot(&m.vector, &centre))).collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.id.cmp(&b.0.id)));
+    // The candidates in the order they are offered.
+    let offered: Vec<&Sentence> = match p.selection {
+        Selection::RoundRobin => {
+            let rounds = members.iter().map(|m| m.sentences.len()).max().unwrap_or(0);
+            (0..rounds).flat_map(|r| order.iter().filter_map(move |(m, _)| m.sentences.get(r))).collect()
+        }
+        Selection::Central => {
+            // Each sentence's TF-IDF vector (unit length) and the cluster's centroid of them; nearest first.
+            let all: Vec<&Sentence> = order.iter().flat_map(|(m, _)| m.sentences.iter()).collect();
+            let vectors: Vec<HashMap<&str, f32>> = all.iter().map(|s| tf_idf(&s.text, idf)).collect();
+            let mut centroid: HashMap<&str, f32> = HashMap::new();
+            for v in &vectors {
+                for (w, x) in v {
+                    *centroid.entry(w).or_default() += x;
+                }
+            }
+            let mut scored: Vec<(usize, f32)> = vectors
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (i, v.iter().map(|(w, x)| x * centroid.get(w).copied().unwrap_or(0.0)).sum::<f32>()))
+                .collect();
+            scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            scored.into_iter().map(|(i, _)| all[i]).collect()
+        }
+    };
+    let mut picked: Vec<Sentence> = Vec::new();
+    let mut used = 0usize;
+    for s in offered {
+        let repeated =
+            picked.iter().any(|x| (x.doc_id == s.doc_id && x.start < s.end && s.start < x.end) || x.text == s.text);
+        if repeated || used + s.tokens > p.summary_tokens {
+            continue;
+        }
+        used += s.tokens;
+        picked.push(s.clone());
+        if used >= p.summary_tokens {
+            break;
+        }
+    }
+    let mut children: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
+    children.sort();
+    Node { id: node_id(level, &children), level, children, vector: centre, sentences: picked }
+}
+
+/// The words a sentence is compared by: lowercase runs of letters and digits, three characters or more.
+fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric()).filter(|w| w.chars().count() >= 3).map(str::to_lowercase)
+}
+
+/// Inverse document frequencies of the words over the leaves' sentences: ln((n + 1) / (df + 1)) + 1.
+fn inverse_frequencies(leaves: &[Member]) -> HashMap<String, f32> {
+    let mut df: HashMap<String, f32> = HashMap::new();
+    let mut n = 0f32;
+    for s in leaves.iter().flat_map(|m| &m.sentences) {
+        n += 1.0;
+        let mut seen: Vec<String> = words(&s.text).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for w in seen {
+            *df.entry(w).or_default() += 1.0;
+        }
+    }
+    df.into_iter().map(|(w, d)| (w, ((n + 1.0) / (d + 1.0)).ln() + 1.0)).collect()
+}
+
+/// A sentence's TF-IDF vector, unit length (empty for a sentence without words).
+fn tf_idf<'a>(text: &str, idf: &'a HashMap<String, f32>) -> HashMap<&'a str, f32> {
+    let mut v: HashMap<&'a str, f32> = HashMap::new();
+    for w in words(text) {
+        if let Some((key, weight)) = idf.get_key_value(w.as_str()) {
+            *v.entry(key.as_str()).or_default() += weight;
+        }
+    }
+    let norm = v.values().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.values_mut().for_each(|x| *x /= norm);
+    }
+    v
+}
+
+/// Cluster labels (0..k, numbered by first appearance) of the members' vectors: PCA to `dims`, then the diagonal
+/// Gaussian mixture with the lowest BIC for k = 1..=min(max_k, n / 3).
+pub fn cluster(members: &[Member], max_k: usize, dims: usize) -> Vec<usize> {
+    let n = members.len();
+    if n < 3 {
+        return vec![0; n];
+    }
+    let d = members[0].vector.len();
+    let x = Array2::from_shape_fn((n, d), |(i, j)| f64::from(members[i].vector.get(j).copied().unwrap_or(0.0)));
+    let r = dims.min(n - 1).min(d).max(1);
+    let y = pca(&x, r);
+    let k_max = max_k.min(n / 3).max(1);
+    let mut best: Option<(f64, Vec<usize>)> = None;
+    for k in 1..=k_max {
+        let (bic, labels) = gmm(&y, k);
+        if best.as_ref().is_none_or(|(b, _)| bic < *b) {
+            best = Some((bic, labels));
+        }
+    }
+    renumber(best.map(|(_, l)| l).unwrap_or_else(|| vec![0; n]))
+}
+
+/// Labels renumbered by first appearance (empty clusters vanish).
+fn renumber(labels: Vec<usize>) -> Vec<usize> {
+    let mut map: Vec<(usize, usize)> = Vec::new();
+    labels
+        .into_iter()
+        .map(|l| match map.iter().find(|(from, _)| *from == l) {
+            Some(&(_, to)) => to,
+            None => {
+                map.push((l, map.len()));
+                map.len() - 1
+            }
+        })
+        .collect()
+}
+
+/// The rows of `x` projected on its top `r` principal components (subspace iteration from a fixed start).
+fn pca(x: &Array2<f64>, r: usize) -> Array2<f64> {
+    let d = x.ncols();
+    let mean = x.mean_axis(Axis(0)).unwrap_or_else(|| Array1::zeros(d));
+    let xc = x - &mean;
+    // A fixed, well-spread start (no randomness: the same chunks give the same tree).
+    let mut q = Array2::from_shape_fn((d, r), |(i, j)| {
+        let h = splitmix((i as u64) << 32 | j as u64);
+        (h >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    });
+    orthonormalise(&mut q);
+    for _ in 0..PCA_ITERATIONS {
+        let z = xc.t().dot(&xc.dot(&q));
+        q = z;
+        orthonormalise(&mut q);
+    }
+    xc.dot(&q)
+}
+
+const PCA_ITERATIONS: usize = 12;
+const EM_ITERATIONS: usize = 60;
+
+/// Modified Gram–Schmidt on the columns (a column that vanishes is left at zero).
+fn orthonormalise(q: &mut Array2<f64>) {
+    let cols = q.ncols();
+    for j in 0..cols {
+        for i in 0..j {
+            let proj = q.column(i).dot(&q.column(j));
+            let ci = q.column(i).to_owned();
+            q.column_mut(j).scaled_add(-proj, &ci);
+        }
+        let norm = q.column(j).dot(&q.column(j)).sqrt();
+        if norm > 1e-12 {
+            q.column_mut(j).mapv_inplace(|v| v / norm);
+        } else {
+            q.column_mut(j).fill(0.0);
+        }
+    }
+}
+
+/// A diagonal Gaussian mixture of `k` components fitted to the rows of `y` by EM from a seeded k-means++ start:
+/// its BIC and each row's most likely component.
+fn gmm(y: &Array2<f64>, k: usize) -> (f64, Vec<usize>) {
+    let (n, r) = y.dim();
+    let global_var: Vec<f64> = (0..r)
+        .map(|j| {
+            let c = y.column(j);
+            let m = c.mean().unwrap_or(0.0);
+            c.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / n as f64
+        })
+        .collect();
+    let floor: Vec<f64> = global_var.iter().map(|v| v * 1e-3 + 1e-9).collect();
+    let mut means = kmeans_pp(y, k);
+    let mut vars: Vec<Vec<f64>> = vec![global_var.iter().zip(&floor).map(|(v, f)| v.max(*f)).collect(); k];
+    let mut weights = vec![1.0 / k as f64; k];
+    let mut resp = Array2::<f64>::zeros((n, k));
+    let mut ll = f64::NEG_INFINITY;
+    for _ in 0..EM_ITERATIONS {
+        // E step, in logs.
+        let mut total = 0.0;
+        for i in 0..n {
+            let mut logs = vec![0f64; k];
+            for c in 0..k {
+                let mut l = weights[c].max(1e-300).ln();
+                for j in 0..r {
+                    let diff = y[[i, j]] - means[c][j];
+                    l -= 0.5 * ((2.0 * std::f64::consts::PI * vars[c][j]).ln() + diff * diff / vars[c][j]);
+                }
+                logs[c] = l;
+            }
+            let m = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = logs.iter().map(|l| (l - m).exp()).sum();
+            let lse = m + s.ln();
+            total += lse;
+            for c in 0..k {
+                resp[[i, c]] = (logs[c] - lse).exp();
+            }
+        }
+        // M step.
+        for c in 0..k {
+            let nk: f64 = resp.column(c).sum();
+            if nk < 1e-9 {
+                weights[c] = 0.0;
+                continue;
+            }
+            weights[c] = nk / n as f64;
+            for j in 0..r {
+                let m = (0..n).map(|i| resp[[i, c]] * y[[i, j]]).sum::<f64>() / nk;
+                let v = (0..n).map(|i| resp[[i, c]] * (y[[i, j]] - m).powi(2)).sum::<f64>() / nk;
+                means[c][j] = m;
+                vars[c][j] = v.max(floor[j]);
+            }
+        }
+        let converged = (total - ll).abs() <= 1e-6 * total.abs().max(1.0);
+        ll = total;
+        if converged {
+            break;
+        }
+    }
+    let params = (k * 2 * r + k - 1) as f64;
+    let bic = -2.0 * ll + params * (n as f64).ln();
+    let labels =
+        (0..n).map(|i| (0..k).fold(0, |best, c| if resp[[i, c]] > resp[[i, best]] { c } else { best })).collect();
+    (bic, labels)
+}
+
+/// k-means++ starting means (seeded by k, so a given input always starts alike), refined by a few Lloyd steps.
+fn kmeans_pp(y: &Array2<f64>, k: usize) -> Vec<Vec<f64>> {
+    let (n, _) = y.dim();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ k as u64;
+    let mut next = || {
+        state = splitmix(state);
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let dist = |a: ndarray::ArrayView1<f64>, b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
+    let mut means: Vec<Vec<f64>> = vec![y.row(((next() * n as f64) as usize).min(n - 1)).to_vec()];
+    while means.len() < k {
+        let d2: Vec<f64> =
+            (0..n).map(|i| means.iter().map(|m| dist(y.row(i), m)).fold(f64::INFINITY, f64::min)).collect();
+        let total: f64 = d2.iter().sum();
+        let pick = if total <= 0.0 {
+            means.len() % n
+        } else {
+            let mut t = next() * total;
+            d2.iter()
+                .position(|&v| {
+                    t -= v;
+                    t <= 0.0
+                })
+                .unwrap_or(n - 1)
+        };
+        means.push(y.row(pick).to_vec());
+    }
+    for _ in 0..5 {
+        let labels: Vec<usize> = (0..n)
+            .map(|i| {
+                (0..k)
+                    .fold(0, |best, c| if dist(y.row(i), &means[c]) < dist(y.row(i), &means[best]) { c } else { best })
+            })
+            .collect();
+        for (c, mean) in means.iter_mut().enumerate() {
+            let rows: Vec<usize> = (0..n).filter(|&i| labels[i] == c).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            for (j, m) in mean.iter_mut().enumerate() {
+                *m = rows.iter().map(|&i| y[[i, j]]).sum::<f64>() / rows.len() as f64;
+            }
+        }
+    }
+    means
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn normalise(v: &mut [f32]) {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+/// The collapsed tree's retrieval: leaves and summaries ranked together by cosine to `query` (best first), taken
+/// while their tokens fit `budget`. Returns indices into `candidates` (pairs of vector and tokens).
+pub fn collapsed(query: &[f32], candidates: &[(&[f32], usize)], budget: usize) -> Vec<usize> {
+    let mut ranked: Vec<(usize, f32)> =
+        candidates.iter().enumerate().map(|(i, (v, _))| (i, cosine(query, v))).collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut left = budget;
+    let mut out = Vec::new();
+    for (i, _) in ranked {
+        let t = candidates[i].1;
+        if t <= left {
+            left -= t;
+            out.push(i);
+        }
+    }
+    out
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (na, nb) = (dot(a, a).sqrt(), dot(b, b).sqrt());
+    if na == 0.0 || nb == 0.0 { 0.0 } else { dot(a, b) / (na * nb) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A unit vector near axis `axis` of `dim`, nudged by `jitter` on another axis.
+    fn near(axis: usize, jitter: f32, other: usize, dim: usize) -> Vec<f32> {
+        let mut v = vec![0f32; dim];
+        v[axis] = 1.0;
+        v[other] += jitter;
+        normalise(&mut v);
+        v
+    }
+
+    fn leaf(id: &str, vector: Vec<f32>, doc: &str, sentences: &[(&str, usize)]) -> Member {
+        let mut at = 0;
+        Member {
+            id: id.into(),
+            vector,
+            sentences: sentences
+                .iter()
+                .map(|(t, tokens)| {
+                    let s = Sentence {
+                        doc_id: doc.into(),
+                        date: Some(format!("2024-01-0{}", doc.len() % 9 + 1)),
+                        start: at,
+                        end: at + t.len(),
+                        tokens: *tokens,
+                        text: (*t).into(),
+                    };
+                    at += t.len() + 1;
+                    s
+                })
+                .collect(),
+        }
+    }
+
+    fn id(level: usize, children: &[String]) -> String {
+        format!("L{level}:{}", children.join(","))
+    }
+
+    /// Three topics, four chunks each, from different notes: the first level finds the three clusters.
+    fn three_topics() -> Vec<Member> {
+        let dim = 16;
+        let mut leaves = Vec::new();
+        for (t, axis) in [(0, 0), (1, 5), (2, 10)] {
+            for j in 0..4 {
+                let v = near(axis, 0.05 * (j as f32 + 1.0), axis + 1 + j % 3, dim);
+                let doc = format!("doc{t}{j}");
+                let texts = [format!("first of c{t}{j}"), format!("second of c{t}{j}"), format!("third of c{t}{j}")];
+                leaves.push(leaf(&format!("c{t}{j}"), v, &doc, &[(&texts[0], 5), (&texts[1], 7), (&texts[2], 9)]));
+            }
+        }
+        leaves
+    }
+
+    #[test]
+    fn clusters_follow_the_topics_whatever_the_order() {
+        let leaves = three_topics();
+        let labels = cluster(&leaves, 8, 10);
+        for t in 0..3 {
+            let l = &labels[t * 4..t * 4 + 4];
+            assert!(l.iter().all(|x| *x == l[0]), "{labels:?}");
+        }
+        assert_eq!(labels.iter().max(), Some(&2), "{labels:?}");
+        // The same leaves in another order give the same tree.
+        let mut shuffled = leaves.clone();
+        shuffled.reverse();
+        shuffled.swap(1, 7);
+        let p = TreeParams::default();
+        assert_eq!(build(&leaves, &p, &id), build(&shuffled, &p, &id));
+    }
+
+    #[test]
+    fn summaries_take_every_member_first_sentence_first_within_the_budget() {
+        let leaves = three_topics();
+        let p = TreeParams { summary_tokens: 30, selection: Selection::RoundRobin, ..TreeParams::default() };
+        let nodes = build(&leaves, &p, &id);
+        let level1: Vec<&Node> = nodes.iter().filter(|n| n.level == 1).collect();
+        assert_eq!(level1.len(), 3);
+        for n in &level1 {
+            assert_eq!(n.children.len(), 4);
+            assert!(n.tokens() <= 30, "{}", n.tokens());
+            // Round-robin: the four first sentences (5 tokens each), then as many seconds (7) as fit: 20 + 7.
+            assert_eq!(n.sentences.iter().filter(|s| s.text.starts_with("first")).count(), 4);
+            assert_eq!(n.sentences.iter().filter(|s| s.text.starts_with("second")).count(), 1);
+            assert_eq!(n.doc_ids().len(), 4);
+            assert!((n.vector.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-4);
+            // Reading order: by date, note, offset.
+            let order = n.in_reading_order();
+            assert!(
+                order
+                    .windows(2)
+                    .all(|w| (&w[0].date, &w[0].doc_id, w[0].start) <= (&w[1].date, &w[1].doc_id, w[1].start))
+            );
+            assert_eq!(n.text().lines().count(), n.sentences.len());
+        }
+        // The three summaries are summarised once more, into one root.
+        let roots: Vec<&Node> = nodes.iter().filter(|n| n.level == 2).collect();
+        assert_eq!(roots.len(), 1, "{:?}", nodes.iter().map(|n| n.level).collect::<Vec<_>>());
+        let mut kids = roots[0].children.clone();
+        kids.sort();
+        let mut ids: Vec<String> = level1.iter().map(|n| n.id.clone()).collect();
+        ids.sort();
+        assert_eq!(kids, ids);
+        assert!(roots[0].tokens() <= 30);
+    }
+
+    #[test]
+    fn central_summaries_take_what_the_members_share_first() {
+        // Four notes' chunks on one topic: each holds one sentence on what they share and others of its own.
+        let dim = 8;
+        let own =
+            ["The weather was discussed.", "Parking was difficult today.", "She enjoys gardening.", "Cat at home."];
+        let shared = [
+            "Metformin for diabetes was continued.",
+            "Diabetes is controlled on metformin.",
+            "Metformin dose for diabetes unchanged.",
+            "Diabetes: metformin twice daily.",
+        ];
+        let leaves: Vec<Member> = (0..4)
+            .map(|j| {
+                let v = near(1, 0.02 * j as f32, 2, dim);
+                leaf(&format!("c{j}"), v, &format!("d{j}"), &[(own[j], 5), (shared[j], 6)])
+            })
+            .collect();
+        let p = TreeParams { summary_tokens: 24, ..TreeParams::default() };
+        let nodes = build(&leaves, &p, &id);
+        assert_eq!(nodes.len(), 1);
+        // Four shared sentences (24 tokens) fill the summary; round-robin would have taken the first ones instead.
+        let texts: Vec<&str> = nodes[0].sentences.iter().map(|s| s.text.as_str()).collect();
+        assert_eq!(texts.len(), 4, "{texts:?}");
+        assert!(texts.iter().all(|t| t.to_lowercase().contains("metformin")), "{texts:?}");
+        let rr = build(&leaves, &TreeParams { selection: Selection::RoundRobin, ..p }, &id);
+        assert!(rr[0].sentences.iter().any(|s| own.contains(&s.text.as_str())));
+    }
+
+    #[test]
+    fn one_topic_is_one_root_and_one_leaf_is_no_tree() {
+        let dim = 8;
+        let leaves: Vec<Member> =
+            (0..5).map(|j| leaf(&format!("c{j}"), near(2, 0.01 * j as f32, 3, dim), "d", &[("s", 1)])).collect();
+        let nodes = build(&leaves, &TreeParams::default(), &id);
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].level, 1);
+        assert_eq!(nodes[0].children.len(), 5);
+        assert!(build(&leaves[..1], &TreeParams::default(), &id).is_empty());
+        // Two leaves: one summary of both.
+        assert_eq!(build(&leaves[..2], &TreeParams::default(), &id).len(), 1);
+        // A sentence never repeats inside one summary, even when two members share it (an overlap).
+        let a = leaf("a", near(0, 0.0, 1, dim), "d", &[("same", 3)]);
+        let b = leaf("b", near(0, 0.1, 1, dim), "d", &[("same", 3)]);
+        let n = build(&[a, b], &TreeParams::default(), &id);
+        assert_eq!(n[0].sentences.len(), 1);
+    }
+
+    #[test]
+    fn the_collapsed_tree_takes_the_nearest_nodes_that_fit() {
+        let q = [1.0f32, 0.0];
+        let (a, b, c) = ([1.0f32, 0.1], [0.0f32, 1.0], [0.9f32, 0.5]);
+        let candidates: Vec<(&[f32], usize)> = vec![(&a, 60), (&b, 10), (&c, 50)];
+        // a (60) first, c does not fit the 40 left, b does.
+        assert_eq!(collapsed(&q, &candidates, 100), vec![0, 1]);
+        assert_eq!(collapsed(&q, &candidates, 120), vec![0, 2, 1]);
+        assert!(collapsed(&q, &candidates, 5).is_empty());
+    }
+}
