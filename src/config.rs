@@ -59,6 +59,9 @@ pub struct RaptorSettings {
     pub dims: usize,
     /// A patient's chunks read to build the tree, at most (the rest are left out of it).
     pub max_leaves: usize,
+    /// The vector a summary is stored by: `text` (its text embedded, as in the paper: a model pass over the
+    /// summaries a rebuild changes) or `mean` (its members' vectors averaged: no model call).
+    pub summary_vectors: String,
 }
 
 /// The LLM of the generative step (`POST /v1/answer`): an OpenAI-compatible chat-completions endpoint
@@ -806,6 +809,9 @@ impl Settings {
         self.validate_serve(&mut problems);
         self.validate_fhir(&mut problems);
         let r = &self.raptor;
+        if !["text", "mean"].contains(&r.summary_vectors.as_str()) {
+            problems.push(format!("raptor.summary_vectors: `{}` is not text or mean", r.summary_vectors));
+        }
         if r.summary_tokens < 16 || r.max_levels == 0 || r.max_clusters == 0 || r.dims == 0 || r.max_leaves < 2 {
             problems.push(
                 "raptor.summary_tokens: must be at least 16; raptor.max_levels, raptor.max_clusters, raptor.dims: at \

@@ -57,6 +57,8 @@ pub struct Indexer {
 /// process; across workers, a patient's notes keyed to one partition keep this (docs/read-side.md).
 struct Trees {
     params: query::raptor::TreeParams,
+    /// Summaries stored by their text's embedding (`raptor.summary_vectors = "text"`), or their members' mean.
+    embed_text: bool,
     max_leaves: usize,
     bm25: EdgeBm25,
     model: String,
@@ -85,37 +87,54 @@ impl Trees {
         }
     }
 
-    /// The patient's summary points from their stored chunks (CPU only).
-    fn points(&self, patient: &str, leaves: Vec<store::Stored>) -> Vec<Point> {
+    /// The patient's summary points from their stored chunks (CPU only). A node already stored (`stored`: id →
+    /// vector) keeps its vector — the same id is the same children and so the same text; the others get their
+    /// text's model input in `to_embed` (point index, token ids) and a vector once it is embedded.
+    fn points(
+        &self,
+        patient: &str,
+        leaves: Vec<store::Stored>,
+        stored: &std::collections::HashMap<String, Vec<f32>>,
+        embedder: &Embedder,
+    ) -> (Vec<Point>, Vec<(usize, Vec<u32>)>) {
         let members: Vec<query::raptor::Member> = leaves.into_iter().map(leaf_member).collect();
         let id = |level: usize, children: &[String]| store::summary_id(patient, level, children).to_string();
         let nodes = query::raptor::build(&members, &self.params, &id);
-        nodes
-            .into_iter()
-            .filter_map(|n| {
-                let text = n.text();
-                let ordered = n.in_reading_order();
-                let sentences: Vec<Value> = ordered
-                    .iter()
-                    .map(|s| json!({"doc_id": s.doc_id, "doc_date": s.date, "start": s.start, "end": s.end}))
-                    .collect();
-                let latest = ordered.iter().filter_map(|s| s.date.clone()).max();
-                let mut p = Map::new();
-                p.insert("record".into(), store::SUMMARY.into());
-                p.insert("patient".into(), patient.into());
-                p.insert("level".into(), n.level.into());
-                p.insert("children".into(), n.children.clone().into());
-                p.insert("doc_ids".into(), n.doc_ids().into());
-                p.insert("doc_date".into(), latest.map_or(Value::Null, Value::from));
-                p.insert("tokens".into(), n.tokens().into());
-                p.insert("sentences".into(), sentences.into());
-                p.insert("model".into(), self.model.clone().into());
-                p.insert("worker_version".into(), crate::WORKER_VERSION.into());
-                let sparse = bm25::sparse_document(&self.bm25, &text);
-                p.insert("text".into(), text.into());
-                Some(Point { id: n.id.parse().ok()?, dense: n.vector, sparse, payload: p })
-            })
-            .collect()
+        let mut to_embed = Vec::new();
+        let mut points = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let Ok(point_id) = n.id.parse() else { continue };
+            let text = n.text();
+            let ordered = n.in_reading_order();
+            let sentences: Vec<Value> = ordered
+                .iter()
+                .map(|s| json!({"doc_id": s.doc_id, "doc_date": s.date, "start": s.start, "end": s.end}))
+                .collect();
+            let latest = ordered.iter().filter_map(|s| s.date.clone()).max();
+            let mut p = Map::new();
+            p.insert("record".into(), store::SUMMARY.into());
+            p.insert("patient".into(), patient.into());
+            p.insert("level".into(), n.level.into());
+            p.insert("children".into(), n.children.clone().into());
+            p.insert("doc_ids".into(), n.doc_ids().into());
+            p.insert("doc_date".into(), latest.map_or(Value::Null, Value::from));
+            p.insert("tokens".into(), n.tokens().into());
+            p.insert("sentences".into(), sentences.into());
+            p.insert("model".into(), self.model.clone().into());
+            p.insert("worker_version".into(), crate::WORKER_VERSION.into());
+            let sparse = bm25::sparse_document(&self.bm25, &text);
+            let dense = match stored.get(&n.id) {
+                _ if !self.embed_text => n.vector,
+                Some(v) => v.clone(),
+                None => {
+                    to_embed.push((points.len(), embedder.encode_one(&text).unwrap_or_default()));
+                    Vec::new()
+                }
+            };
+            p.insert("text".into(), text.into());
+            points.push(Point { id: point_id, dense, sparse, payload: p });
+        }
+        (points, to_embed)
     }
 }
 
@@ -458,6 +477,7 @@ impl Indexer {
         let writer = store::Writer::start(store.clone(), settings.store.group_points, settings.store.group_concurrency);
         let trees = Arc::new(Trees {
             params: (&settings.raptor).into(),
+            embed_text: settings.raptor.summary_vectors == "text",
             max_leaves: settings.raptor.max_leaves,
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,
             model: chunker.embedder.info().name.clone(),
@@ -532,7 +552,7 @@ impl Indexer {
             } else {
                 let covers = lane.requested.load(SeqCst);
                 let clock = Instant::now();
-                let r = self.retrying(|| async { self.rebuild_tree(patient).await.map(|_| ()) }).await;
+                let r = self.rebuild_tree(patient).await.map(|_| ());
                 if r.is_ok() {
                     lane.built.fetch_max(covers, SeqCst);
                     metrics().stage_duration.with_label_values(&["tree"]).observe(clock.elapsed().as_secs_f64());
@@ -545,17 +565,41 @@ impl Indexer {
     }
 
     /// One rebuild of a patient's tree, whatever `raptor.enabled` says: the patient's chunks read back with their
-    /// vectors, the tree built on the blocking pool, the patient's summary points replaced. Returns the leaves
-    /// read and the summaries written (`bench tree` times it note by note).
-    pub async fn rebuild_tree(&self, patient: &str) -> Result<(usize, usize), StoreError> {
-        let leaves = self.store.leaves(patient, self.trees.max_leaves).await?;
+    /// vectors (and the summaries already stored, whose vectors are kept), the tree built on the blocking pool, the
+    /// new summaries' text embedded, the patient's summary points replaced. Store failures are retried as a note's
+    /// own writes are, then halt. Returns the leaves read and the summaries written (`bench tree` times it).
+    pub async fn rebuild_tree(&self, patient: &str) -> Result<(usize, usize), DocError> {
+        let to_doc = |e: StoreError| DocError::new(e.code(), Stage::Index, e.to_string());
+        let (leaves, stored) = retry_store(self.halt_after, || async {
+            let stored = async {
+                match self.trees.embed_text {
+                    true => self.store.summary_vectors(patient).await,
+                    false => Ok(Default::default()),
+                }
+            };
+            tokio::try_join!(self.store.leaves(patient, self.trees.max_leaves), stored)
+        })
+        .await
+        .map_err(to_doc)?;
         let n = leaves.len();
-        let (t, p) = (Arc::clone(&self.trees), patient.to_string());
-        let points = tokio::task::spawn_blocking(move || t.points(&p, leaves))
+        let (t, p, e) = (Arc::clone(&self.trees), patient.to_string(), self.chunker.embedder.clone());
+        let (mut points, to_embed) = tokio::task::spawn_blocking(move || t.points(&p, leaves, &stored, &e))
             .await
-            .map_err(|e| StoreError::fatal(format!("tree task failed: {e}")))?;
+            .map_err(|_| DocError::new(ErrorCode::InternalError, Stage::Index, "a tree step failed unexpectedly"))?;
+        if !to_embed.is_empty() {
+            let (at, ids): (Vec<usize>, Vec<Vec<u32>>) = to_embed.into_iter().unzip();
+            let vectors = self
+                .chunker
+                .embedder
+                .embed_ids(ids)
+                .await
+                .map_err(|e| DocError::new(e.code(), Stage::Index, e.to_string()))?;
+            for (i, v) in at.into_iter().zip(vectors) {
+                points[i].dense = v;
+            }
+        }
         let written = points.len();
-        self.store.replace_summaries(patient, points).await?;
+        self.retrying(|| self.store.replace_summaries(patient, points.clone())).await?;
         Ok((n, written))
     }
 

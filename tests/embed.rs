@@ -508,7 +508,9 @@ async fn embedded_store_keeps_each_patients_summary_tree() {
 async fn server_store_keeps_each_patients_summary_tree() {
     let dir = tempfile::tempdir().unwrap();
     let Some(server) = common::qdrant::QdrantServer::start() else { return };
-    let Some(s) = server_settings(dir.path(), &server) else { return };
+    let Some(mut s) = server_settings(dir.path(), &server) else { return };
+    // Summaries stored by their members' mean vector here (no model call), by their text's embedding above.
+    s.raptor.summary_vectors = "mean".into();
     summary_trees(s).await;
 }
 
@@ -576,6 +578,25 @@ async fn summary_trees(mut s: Settings) {
             assert_eq!(*line, &texts[doc][a..b], "{doc} {a}..{b}");
         }
         assert!(p["doc_ids"].as_array().unwrap().iter().all(|d| texts.contains_key(d.as_str().unwrap())));
+    }
+    // With `summary_vectors = "text"` a summary is found by its own text (its vector is that text embedded, as the
+    // paper does); with `"mean"` its vector is its children's mean, which no text embeds exactly.
+    let text = summaries[0].payload["text"].as_str().unwrap().to_string();
+    let own = indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
+    let q = Query {
+        dense: own,
+        sparse: Default::default(),
+        filters: p1.clone(),
+        top: 3,
+        fields: None,
+        record: Record::Summaries,
+    };
+    let found = store.search(&q).await.unwrap();
+    if s.raptor.summary_vectors == "text" {
+        assert!(found[0].score > 0.999, "{found:?}");
+        assert!(found.iter().any(|h| h.id == summaries[0].id && h.score > 0.999), "{found:?}");
+    } else {
+        assert!(found.iter().all(|h| h.score < 0.999), "{found:?}");
     }
     // Patient 2's single chunk needs no summary, and no summary of patient 1 reaches them.
     let p2 = Filters { patient: Some("Patient/t2".into()), ..Default::default() };

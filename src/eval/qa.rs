@@ -18,8 +18,8 @@
 //!   differ only in the context they return;
 //! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
 //!   vectors (`raptor.*`), its summaries ranked with the chunks by cosine to the question and taken while they fit
-//!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree@central`,
-//!   `tree@round-robin` choose the summaries' sentence selection, `tree@central:128` their size too.
+//!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree:128` with
+//!   summaries of 128 tokens; `tree@mean` retrieves summaries by their members' mean vector, not their text's.
 //!
 //! Multi-note questions (`multi_note_questions`, `clinstream-lab eval qa-multi`) carry the note of each evidence
 //! sentence; for them `evidence_notes` is the mean share of the evidence notes the context reaches.
@@ -390,7 +390,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     }
                     (pieces, c.answer.status)
                 }
-                tree_strategy if tree_strategy == "tree" || tree_strategy.starts_with("tree@") => {
+                tree_strategy if tree_strategy.starts_with("tree") => {
                     let params = tree_variant(tree_strategy, tree);
                     let key = format!("{tree_strategy}\u{1f}{}", bare(&q.patient));
                     if !trees.contains_key(&key) {
@@ -402,8 +402,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         let mut built = raptor::build(&leaves, &params, &|level, children| {
                             format!("{level}:{}", children.join(","))
                         });
-                        if tree_strategy.ends_with("+embed") {
-                            // The summaries' own text embedded (as RAPTOR does), not their members' mean.
+                        if !tree_strategy.starts_with("tree@mean") {
+                            // The summaries' own text embedded, as the indexer stores them (`tree@mean`: kept as
+                            // their members' mean vector).
                             let texts: Vec<String> = built.iter().map(raptor::Node::text).collect();
                             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                             for (n, v) in built.iter_mut().zip(embedder.embed(&refs).await.map_err(embed_err)?) {
@@ -753,17 +754,11 @@ async fn index_chunks(
     Ok((chunks, vectors))
 }
 
-/// `tree` with the configured parameters, `tree@central` / `tree@round-robin` with that sentence selection,
-/// `tree@SELECTION:TOKENS` with that summary size too.
+/// `tree` with the configured parameters; `tree:128` with summaries of that many tokens. (`tree@mean`: summaries
+/// retrieved by their members' mean vector instead of their text's embedding.)
 pub fn tree_variant(strategy: &str, base: raptor::TreeParams) -> raptor::TreeParams {
-    let Some(variant) = strategy.strip_prefix("tree@") else { return base };
-    let variant = variant.strip_suffix("+embed").unwrap_or(variant);
-    let (selection, tokens) = variant.split_once(':').unwrap_or((variant, ""));
-    raptor::TreeParams {
-        selection: if selection == "round-robin" { raptor::Selection::RoundRobin } else { raptor::Selection::Central },
-        summary_tokens: tokens.parse().unwrap_or(base.summary_tokens),
-        ..base
-    }
+    let tokens = strategy.rsplit_once(':').and_then(|(_, t)| t.parse().ok());
+    raptor::TreeParams { summary_tokens: tokens.unwrap_or(base.summary_tokens), ..base }
 }
 
 /// A chunk as a leaf of the patient's tree: its vector and the note's sentences inside it.

@@ -17,13 +17,16 @@
 //!   counted it). So a summary holds something of every member, nearest first, across the patient's notes. Its
 //!   text is those sentences in reading order (date, note, offset); each keeps its note and offsets, so a summary
 //!   is cited like a chunk.
-//! * **A summary's vector** is its members' vectors averaged and normalised (as SEOS `composed` composes chunk
-//!   vectors from sentence vectors): no model call, so rebuilding a patient's tree costs no embedding.
+//!   Choosing instead the sentences nearest the cluster's TF-IDF centroid (MEAD-style) was measured and gained
+//!   nothing on the multi-note questions (docs/read-side.md).
+//! * **Vectors**: `build` clusters the upper levels on each summary's members' vectors averaged and normalised
+//!   (`Node::vector` as built); the vector a summary is *stored and retrieved* by is its text embedded, as in
+//!   the paper (the indexer's job) — retrieval by the members' mean was measured and ranks summaries above
+//!   better chunks.
 //!
-//! Node ids are UUIDv5 of the patient, the level and the sorted child ids (`store::summary_id`): an unchanged
-//! cluster keeps its id when the tree is rebuilt.
-
-use std::collections::HashMap;
+//! Node ids are UUIDv5 of the patient, the level and the sorted child ids (`store::summary_id`). A node's text
+//! depends only on its children (their sentences and vectors), so an unchanged cluster keeps its id *and* its text
+//! when the tree is rebuilt, and the indexer re-embeds only the nodes whose id is new.
 
 use ndarray::{Array1, Array2, Axis};
 use serde::{Deserialize, Serialize};
@@ -106,23 +109,11 @@ pub struct TreeParams {
     pub max_clusters: usize,
     /// PCA components the vectors are reduced to before clustering.
     pub dims: usize,
-    /// How a summary's sentences are chosen.
-    pub selection: Selection,
-}
-
-/// How a summary's sentences are chosen (module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Selection {
-    /// The sentences nearest the cluster's TF-IDF centroid first.
-    #[default]
-    Central,
-    /// Each member's first sentence (members nearest the centre first), then each one's second, ...
-    RoundRobin,
 }
 
 impl Default for TreeParams {
     fn default() -> Self {
-        TreeParams { summary_tokens: 256, max_levels: 3, max_clusters: 8, dims: 10, selection: Selection::Central }
+        TreeParams { summary_tokens: 256, max_levels: 3, max_clusters: 8, dims: 10 }
     }
 }
 
@@ -133,7 +124,6 @@ impl From<&crate::config::RaptorSettings> for TreeParams {
             max_levels: r.max_levels,
             max_clusters: r.max_clusters,
             dims: r.dims,
-            selection: Selection::default(),
         }
     }
 }
@@ -144,7 +134,6 @@ impl From<&crate::config::RaptorSettings> for TreeParams {
 pub fn build(leaves: &[Member], p: &TreeParams, node_id: &dyn Fn(usize, &[String]) -> String) -> Vec<Node> {
     let mut current: Vec<Member> = leaves.iter().filter(|m| !m.vector.is_empty()).cloned().collect();
     current.sort_by(|a, b| a.id.cmp(&b.id));
-    let idf = inverse_frequencies(&current);
     let mut nodes = Vec::new();
     for level in 1..=p.max_levels {
         if current.len() < 2 {
@@ -159,7 +148,7 @@ pub fn build(leaves: &[Member], p: &TreeParams, node_id: &dyn Fn(usize, &[String
                 // One member summarises itself: it stays where it is in the collapsed tree.
                 continue;
             }
-            next.push(summarise(&members, level, p, &idf, node_id));
+            next.push(summarise(&members, level, p.summary_tokens, node_id));
         }
         let done = next.len() <= 1;
         current = next.iter().map(Node::member).collect();
@@ -172,13 +161,7 @@ pub fn build(leaves: &[Member], p: &TreeParams, node_id: &dyn Fn(usize, &[String
 }
 
 /// One cluster's summary node (module docs: round-robin over the members nearest the centre first).
-fn summarise(
-    members: &[&Member],
-    level: usize,
-    p: &TreeParams,
-    idf: &HashMap<String, f32>,
-    node_id: &dyn Fn(usize, &[String]) -> String,
-) -> Node {
+fn summarise(members: &[&Member], level: usize, budget: usize, node_id: &dyn Fn(usize, &[String]) -> String) -> Node {
     let dim = members[0].vector.len();
     let mut centre = vec![0f32; dim];
     for m in members {
@@ -189,84 +172,26 @@ fn summarise(
     normalise(&mut centre);
     let mut order: Vec<(&Member, f32)> = members.iter().map(|m| (*m, dot(&m.vector, &centre))).collect();
     order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.id.cmp(&b.0.id)));
-    // The candidates in the order they are offered.
-    let offered: Vec<&Sentence> = match p.selection {
-        Selection::RoundRobin => {
-            let rounds = members.iter().map(|m| m.sentences.len()).max().unwrap_or(0);
-            (0..rounds).flat_map(|r| order.iter().filter_map(move |(m, _)| m.sentences.get(r))).collect()
-        }
-        Selection::Central => {
-            // Each sentence's TF-IDF vector (unit length) and the cluster's centroid of them; nearest first.
-            let all: Vec<&Sentence> = order.iter().flat_map(|(m, _)| m.sentences.iter()).collect();
-            let vectors: Vec<HashMap<&str, f32>> = all.iter().map(|s| tf_idf(&s.text, idf)).collect();
-            let mut centroid: HashMap<&str, f32> = HashMap::new();
-            for v in &vectors {
-                for (w, x) in v {
-                    *centroid.entry(w).or_default() += x;
-                }
-            }
-            let mut scored: Vec<(usize, f32)> = vectors
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (i, v.iter().map(|(w, x)| x * centroid.get(w).copied().unwrap_or(0.0)).sum::<f32>()))
-                .collect();
-            scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            scored.into_iter().map(|(i, _)| all[i]).collect()
-        }
-    };
+    // Round-robin: every member's first sentence (nearest the centre first), then every second one, ...
+    let rounds = members.iter().map(|m| m.sentences.len()).max().unwrap_or(0);
+    let offered = (0..rounds).flat_map(|r| order.iter().filter_map(move |(m, _)| m.sentences.get(r)));
     let mut picked: Vec<Sentence> = Vec::new();
     let mut used = 0usize;
     for s in offered {
         let repeated =
             picked.iter().any(|x| (x.doc_id == s.doc_id && x.start < s.end && s.start < x.end) || x.text == s.text);
-        if repeated || used + s.tokens > p.summary_tokens {
+        if repeated || used + s.tokens > budget {
             continue;
         }
         used += s.tokens;
         picked.push(s.clone());
-        if used >= p.summary_tokens {
+        if used >= budget {
             break;
         }
     }
     let mut children: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
     children.sort();
     Node { id: node_id(level, &children), level, children, vector: centre, sentences: picked }
-}
-
-/// The words a sentence is compared by: lowercase runs of letters and digits, three characters or more.
-fn words(text: &str) -> impl Iterator<Item = String> + '_ {
-    text.split(|c: char| !c.is_alphanumeric()).filter(|w| w.chars().count() >= 3).map(str::to_lowercase)
-}
-
-/// Inverse document frequencies of the words over the leaves' sentences: ln((n + 1) / (df + 1)) + 1.
-fn inverse_frequencies(leaves: &[Member]) -> HashMap<String, f32> {
-    let mut df: HashMap<String, f32> = HashMap::new();
-    let mut n = 0f32;
-    for s in leaves.iter().flat_map(|m| &m.sentences) {
-        n += 1.0;
-        let mut seen: Vec<String> = words(&s.text).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        for w in seen {
-            *df.entry(w).or_default() += 1.0;
-        }
-    }
-    df.into_iter().map(|(w, d)| (w, ((n + 1.0) / (d + 1.0)).ln() + 1.0)).collect()
-}
-
-/// A sentence's TF-IDF vector, unit length (empty for a sentence without words).
-fn tf_idf<'a>(text: &str, idf: &'a HashMap<String, f32>) -> HashMap<&'a str, f32> {
-    let mut v: HashMap<&'a str, f32> = HashMap::new();
-    for w in words(text) {
-        if let Some((key, weight)) = idf.get_key_value(w.as_str()) {
-            *v.entry(key.as_str()).or_default() += weight;
-        }
-    }
-    let norm = v.values().map(|x| x * x).sum::<f32>().sqrt();
-    if norm > 0.0 {
-        v.values_mut().for_each(|x| *x /= norm);
-    }
-    v
 }
 
 /// Cluster labels (0..k, numbered by first appearance) of the members' vectors: PCA to `dims`, then the diagonal
@@ -575,7 +500,7 @@ mod tests {
     #[test]
     fn summaries_take_every_member_first_sentence_first_within_the_budget() {
         let leaves = three_topics();
-        let p = TreeParams { summary_tokens: 30, selection: Selection::RoundRobin, ..TreeParams::default() };
+        let p = TreeParams { summary_tokens: 30, ..TreeParams::default() };
         let nodes = build(&leaves, &p, &id);
         let level1: Vec<&Node> = nodes.iter().filter(|n| n.level == 1).collect();
         assert_eq!(level1.len(), 3);
@@ -605,35 +530,6 @@ mod tests {
         ids.sort();
         assert_eq!(kids, ids);
         assert!(roots[0].tokens() <= 30);
-    }
-
-    #[test]
-    fn central_summaries_take_what_the_members_share_first() {
-        // Four notes' chunks on one topic: each holds one sentence on what they share and others of its own.
-        let dim = 8;
-        let own =
-            ["The weather was discussed.", "Parking was difficult today.", "She enjoys gardening.", "Cat at home."];
-        let shared = [
-            "Metformin for diabetes was continued.",
-            "Diabetes is controlled on metformin.",
-            "Metformin dose for diabetes unchanged.",
-            "Diabetes: metformin twice daily.",
-        ];
-        let leaves: Vec<Member> = (0..4)
-            .map(|j| {
-                let v = near(1, 0.02 * j as f32, 2, dim);
-                leaf(&format!("c{j}"), v, &format!("d{j}"), &[(own[j], 5), (shared[j], 6)])
-            })
-            .collect();
-        let p = TreeParams { summary_tokens: 24, ..TreeParams::default() };
-        let nodes = build(&leaves, &p, &id);
-        assert_eq!(nodes.len(), 1);
-        // Four shared sentences (24 tokens) fill the summary; round-robin would have taken the first ones instead.
-        let texts: Vec<&str> = nodes[0].sentences.iter().map(|s| s.text.as_str()).collect();
-        assert_eq!(texts.len(), 4, "{texts:?}");
-        assert!(texts.iter().all(|t| t.to_lowercase().contains("metformin")), "{texts:?}");
-        let rr = build(&leaves, &TreeParams { selection: Selection::RoundRobin, ..p }, &id);
-        assert!(rr[0].sentences.iter().any(|s| own.contains(&s.text.as_str())));
     }
 
     #[test]

@@ -363,6 +363,19 @@ impl Store {
         }
     }
 
+    /// The dense vectors of a patient's stored summary points, by point id.
+    pub async fn summary_vectors(
+        &self,
+        patient: &str,
+    ) -> Result<std::collections::HashMap<String, Vec<f32>>, StoreError> {
+        let f = Filters { patient: Some(patient.to_string()), ..Default::default() };
+        let found = match self {
+            Store::Embedded(s) => s.scroll_vectors(&f, Record::Summaries, usize::MAX, &["level"]).await?,
+            Store::Server(s) => s.scroll_vectors(&f, Record::Summaries, usize::MAX, &["level"]).await?,
+        };
+        Ok(found.into_iter().map(|p| (p.id, p.dense)).collect())
+    }
+
     /// Writes a patient's summary points, then removes the patient's other summary points: the tree is replaced
     /// as a whole, new nodes first, so a search always finds a whole tree (embedded: one update of the patient's
     /// shard).

@@ -63,8 +63,8 @@ pub enum EvalCommand {
         /// target is not mentioned; `clear+cptf`, `clear+cptf@0.4` with each window filtered by CPTF to that share
         /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
         /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank), tree
-        /// (RAPTOR's collapsed tree over the same chunks, built under `raptor.*`; `tree@round-robin`,
-        /// `tree@central:128` with another sentence selection or summary size).
+        /// (RAPTOR's collapsed tree over the same chunks, built under `raptor.*`; `tree:128` with summaries of 128
+        /// tokens; `tree@mean` with summaries retrieved by their members' mean vector).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
@@ -228,12 +228,13 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
                 anyhow::ensure!(
-                    ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree"].contains(&s.as_str())
+                    ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree", "tree@mean"]
+                        .contains(&s.as_str())
                         || s == "clear+cptf"
-                        || s.strip_prefix("tree@").is_some_and(|v| {
-                            let v = v.strip_suffix("+embed").unwrap_or(v);
-                            let (sel, tokens) = v.split_once(':').unwrap_or((v, "16"));
-                            ["central", "round-robin"].contains(&sel) && tokens.parse::<usize>().is_ok_and(|t| t >= 16)
+                        || ["tree", "tree@mean"].iter().any(|t| {
+                            s.strip_prefix(t)
+                                .and_then(|r| r.strip_prefix(':'))
+                                .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 16))
                         })
                         || s.strip_prefix("hybrid@")
                             .or_else(|| s.strip_prefix("clear@"))
@@ -241,7 +242,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@central|round-robin[:TOKENS])"
+                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@mean, tree[@mean]:TOKENS)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {

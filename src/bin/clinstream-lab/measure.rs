@@ -1098,6 +1098,12 @@ pub struct TreeRun {
     pub leaves_max: usize,
     /// Summary points of all patients at the end.
     pub summaries: usize,
+    /// `raptor.summary_vectors` of the run.
+    pub summary_vectors: String,
+    /// Each patient's tree rebuilt once more at the end, nothing changed (no summary to embed): the rebuild's
+    /// cost without the model, over every patient's whole record.
+    pub unchanged_ms_p50: f64,
+    pub unchanged_ms_p99: f64,
     /// The rebuild's p99 against the goal (50 ms a note): below 1 meets it.
     pub tree_p99_vs_goal: f64,
     /// Mean rebuild ÷ mean indexing of a note (embedding included).
@@ -1148,6 +1154,15 @@ pub fn tree(
             leaves.push(n);
             patients.insert(patient);
         }
+        let mut unchanged = Vec::new();
+        let mut names: Vec<&String> = patients.iter().collect();
+        names.sort();
+        for patient in names {
+            let clock = Instant::now();
+            indexer.rebuild_tree(patient).await?;
+            unchanged.push(clock.elapsed().as_secs_f64() * 1e3);
+        }
+        unchanged.sort_by(f64::total_cmp);
         let summaries = indexer
             .store()
             .count_where(&clinstream::store::Filters::default(), clinstream::store::Record::Summaries)
@@ -1175,6 +1190,9 @@ pub fn tree(
             leaves_mean: leaves.iter().sum::<usize>() as f64 / leaves.len().max(1) as f64,
             leaves_max: leaves.iter().copied().max().unwrap_or(0),
             summaries,
+            summary_vectors: s.raptor.summary_vectors.clone(),
+            unchanged_ms_p50: percentile(&unchanged, 0.5),
+            unchanged_ms_p99: percentile(&unchanged, 0.99),
             tree_p99_vs_goal: percentile(&tree_ms, 0.99) / 50.0,
             tree_vs_index: tm / im.max(1e-9),
         })
