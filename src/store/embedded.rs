@@ -603,39 +603,7 @@ impl EmbeddedStore {
         limit: usize,
         fields: &[&str],
     ) -> Result<Vec<serde_json::Map<String, Value>>, StoreError> {
-        let filter = filter_of(f, record)?;
-        let payload = payload_of(Some(fields))?;
-        let reads = self.shards.iter().map(|shard| {
-            let (filter, payload) = (filter.clone(), payload.clone());
-            shard.read(move |engine| {
-                let mut out = Vec::new();
-                let mut offset: Option<PointId> = None;
-                loop {
-                    let page = 256.min(limit.saturating_sub(out.len()));
-                    if page == 0 {
-                        break;
-                    }
-                    let mut request = qdrant_edge::ScrollRequestBuilder::new()
-                        .limit(page)
-                        .filter(filter.clone())
-                        .with_payload(payload.clone());
-                    if let Some(o) = offset {
-                        request = request.offset(o);
-                    }
-                    let (records, next) = engine.scroll(request.build()).map_err(fatal("scroll failed"))?;
-                    out.extend(records.into_iter().map(|r| r.payload.map(|Payload(m)| m).unwrap_or_default()));
-                    match next {
-                        Some(n) => offset = Some(n),
-                        None => break,
-                    }
-                }
-                Ok(out)
-            })
-        });
-        let mut all: Vec<serde_json::Map<String, Value>> =
-            futures_collect(reads).await?.into_iter().flatten().collect();
-        all.truncate(limit);
-        Ok(all)
+        Ok(self.scroll_points(f, record, limit, fields, false).await?.into_iter().map(|p| p.payload).collect())
     }
 
     /// The points matching the filters with their dense vectors and the given payload fields, at most `limit`
@@ -647,10 +615,24 @@ impl EmbeddedStore {
         limit: usize,
         fields: &[&str],
     ) -> Result<Vec<super::Stored>, StoreError> {
+        self.scroll_points(f, record, limit, fields, true).await
+    }
+
+    /// The points matching the filters, paged by id in every shard, at most `limit`: ids, the given payload fields
+    /// and, `with_dense`, the dense vectors.
+    async fn scroll_points(
+        &self,
+        f: &Filters,
+        record: Record,
+        limit: usize,
+        fields: &[&str],
+        with_dense: bool,
+    ) -> Result<Vec<super::Stored>, StoreError> {
         let filter = filter_of(f, record)?;
         let payload = payload_of(Some(fields))?;
+        let vector = if with_dense { WithVector::Selector(vec![DENSE.into()]) } else { WithVector::Bool(false) };
         let reads = self.shards.iter().map(|shard| {
-            let (filter, payload) = (filter.clone(), payload.clone());
+            let (filter, payload, vector) = (filter.clone(), payload.clone(), vector.clone());
             shard.read(move |engine| {
                 let mut out = Vec::new();
                 let mut offset: Option<PointId> = None;
@@ -663,7 +645,7 @@ impl EmbeddedStore {
                         .limit(page)
                         .filter(filter.clone())
                         .with_payload(payload.clone())
-                        .with_vector(WithVector::Selector(vec![DENSE.into()]));
+                        .with_vector(vector.clone());
                     if let Some(o) = offset {
                         request = request.offset(o);
                     }

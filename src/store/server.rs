@@ -478,31 +478,7 @@ impl ServerStore {
         limit: usize,
         fields: &[&str],
     ) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, StoreError> {
-        use qdrant_client::qdrant::ScrollPointsBuilder;
-
-        let filter = filter_of(f, record);
-        let mut out = Vec::new();
-        let mut offset = None;
-        loop {
-            let page = 256.min(limit.saturating_sub(out.len())) as u32;
-            if page == 0 {
-                break;
-            }
-            let mut request = ScrollPointsBuilder::new(&self.collection)
-                .filter(filter.clone())
-                .limit(page)
-                .with_payload(included(fields));
-            if let Some(o) = offset.take() {
-                request = request.offset(o);
-            }
-            let r = self.client.scroll(request).await.map_err(|e| classify("scroll", e))?;
-            out.extend(r.result.into_iter().map(|p| p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect()));
-            match r.next_page_offset {
-                Some(n) => offset = Some(n),
-                None => break,
-            }
-        }
-        Ok(out)
+        Ok(self.scroll_points(f, record, limit, fields, false).await?.into_iter().map(|p| p.payload).collect())
     }
 
     /// The points matching the filters with their dense vectors and the given payload fields, paged by id, at most
@@ -513,6 +489,19 @@ impl ServerStore {
         record: Record,
         limit: usize,
         fields: &[&str],
+    ) -> Result<Vec<Stored>, StoreError> {
+        self.scroll_points(f, record, limit, fields, true).await
+    }
+
+    /// The points matching the filters, paged by id, at most `limit`: ids, the given payload fields and, with
+    /// `with_dense`, the dense vectors.
+    async fn scroll_points(
+        &self,
+        f: &Filters,
+        record: Record,
+        limit: usize,
+        fields: &[&str],
+        with_dense: bool,
     ) -> Result<Vec<Stored>, StoreError> {
         use qdrant_client::qdrant::{ScrollPointsBuilder, VectorsSelector, vector_output::Vector};
 
@@ -527,8 +516,10 @@ impl ServerStore {
             let mut request = ScrollPointsBuilder::new(&self.collection)
                 .filter(filter.clone())
                 .limit(page)
-                .with_payload(included(fields))
-                .with_vectors(VectorsSelector { names: vec![DENSE.to_string()] });
+                .with_payload(included(fields));
+            if with_dense {
+                request = request.with_vectors(VectorsSelector { names: vec![DENSE.to_string()] });
+            }
             if let Some(o) = offset.take() {
                 request = request.offset(o);
             }
