@@ -476,10 +476,17 @@ impl EmbeddedStore {
         doc_ids: &[&str],
         keep: &[uuid::Uuid],
     ) -> Result<(), StoreError> {
-        let shard = &self.shards[lane.min(self.shards.len() - 1)];
+        let filter = super::except_filter(doc_ids, keep);
+        self.upsert_then_delete(lane.min(self.shards.len() - 1), points, filter).await?;
+        metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(doc_ids.len() as u64);
+        Ok(())
+    }
+
+    /// One update of shard `i` on its writer thread: `points` upserted, then the points matching `filter` deleted.
+    async fn upsert_then_delete(&self, i: usize, points: Vec<Point>, filter: Value) -> Result<(), StoreError> {
+        let shard = &self.shards[i];
         let n = points.len() as u64 + 1;
-        let filter = parse_filter(super::except_filter(doc_ids, keep))?;
-        let docs = doc_ids.len() as u64;
+        let filter = parse_filter(filter)?;
         let points = points.into_iter().map(engine_point).collect::<Result<Vec<_>, _>>()?;
         let batch = self.batch;
         shard
@@ -487,9 +494,7 @@ impl EmbeddedStore {
                 if !points.is_empty() {
                     upsert_into(engine, points, batch)?;
                 }
-                delete_where(engine, filter)?;
-                metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(docs);
-                Ok(())
+                delete_where(engine, filter)
             })
             .await?;
         shard.note_updates(n, self.maintain_every);
@@ -671,22 +676,8 @@ impl EmbeddedStore {
     /// Upserts a patient's summary points and deletes the patient's other summary points, in one update of the
     /// patient's shard.
     pub async fn replace_summaries(&self, patient: &str, points: Vec<Point>) -> Result<(), StoreError> {
-        let shard = &self.shards[self.shard_for(patient)];
         let keep: Vec<uuid::Uuid> = points.iter().map(|p| p.id).collect();
-        let n = points.len() as u64 + 1;
-        let filter = parse_filter(super::summaries_except(patient, &keep))?;
-        let points = points.into_iter().map(engine_point).collect::<Result<Vec<_>, _>>()?;
-        let batch = self.batch;
-        shard
-            .write(move |engine| {
-                if !points.is_empty() {
-                    upsert_into(engine, points, batch)?;
-                }
-                delete_where(engine, filter)
-            })
-            .await?;
-        shard.note_updates(n, self.maintain_every);
-        Ok(())
+        self.upsert_then_delete(self.shard_for(patient), points, super::summaries_except(patient, &keep)).await
     }
 
     /// Points by id, in the order asked (missing ones left out).

@@ -119,6 +119,15 @@ fn filter_of(f: &Filters, record: Record) -> Filter {
     Filter { must, must_not, ..Default::default() }
 }
 
+/// `filter` without the points `keep` (the ones just written).
+fn except(mut filter: Filter, keep: &[uuid::Uuid]) -> Filter {
+    if !keep.is_empty() {
+        let ids: Vec<qdrant_client::qdrant::PointId> = keep.iter().map(|u| u.to_string().into()).collect();
+        filter.must_not = vec![Condition::has_id(ids)];
+    }
+    filter
+}
+
 /// A point in the client's form.
 fn client_point(p: Point) -> Result<PointStruct, StoreError> {
     let payload = Payload::try_from(serde_json::Value::Object(p.payload))
@@ -325,10 +334,7 @@ impl ServerStore {
         if let Some(v) = keep_version {
             filter.must_not = vec![Condition::matches("doc_version", v.to_string())];
         }
-        self.client
-            .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
-            .await
-            .map_err(|e| classify("delete", e))?;
+        self.delete_where(filter).await?;
         metrics().store_points.with_label_values(&["deleted_documents"]).inc();
         Ok(())
     }
@@ -336,16 +342,17 @@ impl ServerStore {
     /// Removes the points of several documents other than `keep` with one request.
     pub async fn delete_except(&self, doc_ids: &[&str], keep: &[uuid::Uuid]) -> Result<(), StoreError> {
         let ids: Vec<String> = doc_ids.iter().map(|d| d.to_string()).collect();
-        let keep: Vec<qdrant_client::qdrant::PointId> = keep.iter().map(|u| u.to_string().into()).collect();
-        let mut filter = Filter::must([Condition::matches("doc_id", ids)]);
-        if !keep.is_empty() {
-            filter.must_not = vec![Condition::has_id(keep)];
-        }
+        self.delete_where(except(Filter::must([Condition::matches("doc_id", ids)]), keep)).await?;
+        metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(doc_ids.len() as u64);
+        Ok(())
+    }
+
+    /// Deletes the points matching `filter` (wait=true).
+    async fn delete_where(&self, filter: Filter) -> Result<(), StoreError> {
         self.client
             .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
             .await
             .map_err(|e| classify("delete", e))?;
-        metrics().store_points.with_label_values(&["deleted_documents"]).inc_by(doc_ids.len() as u64);
         Ok(())
     }
 
@@ -545,22 +552,15 @@ impl ServerStore {
 
     /// Upserts a patient's summary points, then deletes the patient's other summary points.
     pub async fn replace_summaries(&self, patient: &str, points: Vec<Point>) -> Result<(), StoreError> {
-        let keep: Vec<qdrant_client::qdrant::PointId> = points.iter().map(|p| p.id.to_string().into()).collect();
+        let keep: Vec<uuid::Uuid> = points.iter().map(|p| p.id).collect();
         if !points.is_empty() {
             self.upsert(points).await?;
         }
-        let mut filter = Filter::must([
+        let summaries = Filter::must([
             Condition::matches("patient", patient.to_string()),
             Condition::matches("record", SUMMARY.to_string()),
         ]);
-        if !keep.is_empty() {
-            filter.must_not = vec![Condition::has_id(keep)];
-        }
-        self.client
-            .delete_points(DeletePointsBuilder::new(&self.collection).points(filter).wait(true))
-            .await
-            .map_err(|e| classify("delete", e))?;
-        Ok(())
+        self.delete_where(except(summaries, &keep)).await
     }
 
     /// Points by id, in the order asked (missing ones left out).
