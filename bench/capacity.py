@@ -11,8 +11,10 @@ MTSamples notes:
   worker — decode, sections, sentences, entities, CLEAR, kg, tokenizing, SEOS, BM25, payloads, the store's writes,
   the outputs — with vectors hashed from token ids instead of the model's (docs/configuration.md);
 * text stages only: the same run with `embed.enabled = false` (`run --no-embed`);
-* the store's write path alone: `clinstream-lab bench store --csv` on the same notes (their own points, written through
-  the store writer as the worker writes them, `pipeline.in_flight` documents at once);
+* the store's write path alone: `clinstream-lab bench store --csv --points worker` on the same notes with the same
+  synthetic embedder, i.e. exactly the points the end-to-end run writes (its SEOS chunks and vectors, windows, BM25
+  vectors, payloads), made before the clock starts and written through the store writer as the worker writes them,
+  `pipeline.in_flight` documents at once;
 
 each in notes/s, and the ratio of the first to the smaller of the other two (1.0: the worker runs at the pace of
 its slowest part; the goal is at least 0.8). File-mode notes/s are the run's own (`clinstream run`'s summary:
@@ -64,10 +66,11 @@ def kafka_run(bin_, events, n, work, env):
 
 
 def store_run(bin_, csv_path, n, url):
-    e = dict(os.environ, CLINSTREAM__LOG__LEVEL="warn")
+    e = dict(os.environ, CLINSTREAM__LOG__LEVEL="warn", **SYNTHETIC)
     # The lab binary beside the worker (`clinstream-lab`, the same build).
     lab = os.path.join(os.path.dirname(os.path.abspath(bin_)), "clinstream-lab")
-    cmd = [lab, "bench", "store", "--csv", csv_path, "--docs", str(n), "--concurrency", str(in_flight()),
+    cmd = [lab, "bench", "store", "--csv", csv_path, "--points", "worker", "--docs", str(n),
+           "--concurrency", str(in_flight()),
            "--groups", e.get("CLINSTREAM__STORE__GROUP_POINTS", "2048"), "--runs", "1"]
     if url:
         cmd += ["--url", url]

@@ -92,7 +92,7 @@ store)
   # placeholder vectors) through the store writer, ungrouped and grouped (store.group_points), as many at once as
   # the worker's in-flight budget; embedded, and the server when started.
   mark store
-  "$LAB" bench store --csv "$CSV" --docs "${STORE_DOCS:-4966}" \
+  "$LAB" bench store --csv "$CSV" --points placeholder --docs "${STORE_DOCS:-4966}" \
     --concurrency "${CLINSTREAM__PIPELINE__IN_FLIGHT:-512}" --groups "${STORE_GROUPS:-0,2048}" --runs 1 ${QURL:+--url $QURL} \
     | python3 -c 'import json,sys,os
 for r in json.load(sys.stdin): r["step"]="store"; r["shards"]=os.environ.get("CLINSTREAM__STORE__SHARDS","1"); print(json.dumps(r))' \
@@ -132,7 +132,9 @@ with open(sys.argv[3], "w") as f:
   mark "worker bound"
   "$LAB" bench seos --csv "$CSV" --limit "$N" --modes composed --bound-only > "$OUT/bound.json"
   mark "worker store"
-  "$LAB" bench store --csv "$CSV" --docs "$N" --concurrency "$CLINSTREAM__PIPELINE__IN_FLIGHT" --groups 2048 --runs 1 \
+  # The points the worker writes (its chunking; vectors from the synthetic embedder, so no model runs here).
+  CLINSTREAM__EMBED__EXECUTION_PROVIDER=synthetic CLINSTREAM__EMBED__ALLOW_SYNTHETIC=true \
+  "$LAB" bench store --csv "$CSV" --points worker --docs "$N" --concurrency "$CLINSTREAM__PIPELINE__IN_FLIGHT" --groups 2048 --runs 1 \
     ${QURL:+--url $QURL} > "$OUT/store-alone.json"
   for entry in "clinstream=$BIN" ${WORKER_BINS:-}; do
     name=${entry%%=*}; bin=${entry#*=}; settings=

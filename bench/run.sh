@@ -21,8 +21,9 @@
 #      (QUANT_NOTES stored notes, default 300; 0 skips);
 #   6. the query service over HTTP: /v1/context and /v1/search p50/p99 and requests/s at 1 and 8 clients, embedded
 #      store and the Qdrant server, over SHARED/eval/qa (1,488 notes, 600 questions; SERVE_REQUESTS, 0 skips);
-#   7. the store's writes without the model (clinstream-lab bench store --csv: the notes' own points through the store
-#      writer, 512 at once): each document alone beside group commit, embedded store and the Qdrant server
+#   7. the store's writes without the model (clinstream-lab bench store --csv --points placeholder: the notes' own
+#      payloads and windows with fixed chunks and placeholder vectors through the store writer, 512 at once): each
+#      document alone beside group commit, embedded store and the Qdrant server
 #      (STORE_DOCS notes, default 4,000; 0 skips);
 #   9. capacity around the model (bench/capacity.py, CAPACITY_NOTES notes, default 4,966; 0 skips): end to end with
 #      the synthetic embedder beside text stages only and the store's write path alone, file and Kafka mode, the
@@ -162,7 +163,7 @@ fi
 echo '[]' > "$WORK/store.json"
 if [ "${STORE_DOCS:-4000}" != 0 ]; then
   echo "store writes without the model (${STORE_DOCS:-4000} notes, each alone and grouped, embedded and server)..." >&2
-  "$LAB" bench store --csv "$WORK/mtsamples.csv" --docs "${STORE_DOCS:-4000}" --concurrency 512 --groups 0,2048 \
+  "$LAB" bench store --csv "$WORK/mtsamples.csv" --points placeholder --docs "${STORE_DOCS:-4000}" --concurrency 512 --groups 0,2048 \
     --runs 1 --url "$url" > "$WORK/store.json"
 fi
 

@@ -323,6 +323,13 @@ pub async fn run_files(
 }
 
 /// Runs the worker against Kafka until `shutdown` resolves (then drains, commits and returns) or a halt.
+///
+/// A Kafka client in a fatal state — the consumer fenced (`consumer_fatal`: a restarted broker that forgot the
+/// static member, or another member with the same `group.instance.id`), or a transactional producer that hit a
+/// fatal error — is rebuilt in-process, at most `kafka.rebuilds_max` times within `kafka.rebuilds_window_ms`: the
+/// round's open transaction is aborted, the consumer and producer are closed and made again, and the new consumer
+/// resumes from the committed offsets (what a restart would do), while the model, the store, the query service and
+/// the health endpoints stay up. Past the budget the worker halts as before, and its restart resumes.
 pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) -> Result<Summary, RunError> {
     let startup = Instant::now();
     let readiness = start_health(settings).await?;
@@ -330,7 +337,6 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
     let fetcher = start_fetcher(settings)?;
     let k = &settings.kafka;
     tokio::pin!(shutdown);
-    let ledger = Arc::new(Ledger::default());
     // Connecting can wait on an unreachable cluster for up to `kafka.halt_after_ms`; a shutdown signal ends it.
     let connect = async {
         let indexer = start_indexer(settings, &pipeline).await?;
@@ -339,63 +345,147 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
             admin::ensure_topics(k).await?;
         }
         let framing = registry::output_framing(k).await?;
-        let (intake, rx) = kafka_source::start(settings, &ledger)?;
-        let output = Output::new(settings, pipeline.lexicon().version(), framing, Arc::clone(&intake.consumer)).await?;
-        Ok::<_, RunError>((indexer, output, intake, rx))
+        Ok::<_, RunError>((indexer, framing))
     };
-    let (indexer, mut output, mut intake, rx) = tokio::select! {
+    let (indexer, framing) = tokio::select! {
         connected = connect => connected?,
         _ = &mut shutdown => {
             info!("Shutdown requested while connecting; nothing was consumed.");
             return Ok(Summary { interrupted: true, ..Summary::default() });
         }
     };
-    let startup = startup.elapsed();
-    metrics().startup_duration.set(startup.as_secs_f64());
-    info!(
-        topics = ?k.topics,
-        group = %k.group_id,
-        transactions = k.transactions,
-        in_flight = settings.pipeline.in_flight,
-        "Consuming from Kafka."
-    );
     let work = PipelineWork { pipeline, indexer: indexer.clone(), fetcher };
-    let mut acks = Acks::new(ledger, Some(&k.dead_letters));
     let opts = RunnerOptions {
         in_flight: settings.pipeline.in_flight,
         max_message_bytes: settings.input.max_message_bytes,
         commit_interval: Some(std::time::Duration::from_millis(k.commit_interval_ms)),
     };
-    let mut runner = Runner::new(opts, &work, &mut output, &mut acks);
-    readiness.set(true);
+    let mut rebuilds = Rebuilds::new(k);
+    let mut total = Summary::default();
     let started = Instant::now();
-    let result = runner.run(rx, &mut intake, shutdown).await;
-    let mut summary = std::mem::take(&mut runner.summary);
-    readiness.set(false);
-    summary.startup = startup;
-    summary.elapsed = started.elapsed();
-    match result {
-        Ok(()) => {
-            if let Some(indexer) = &indexer
-                && let Err(e) = indexer.store().flush().await
-            {
-                warn!(error = %e, "Could not flush the embedded store (its WAL keeps the points).");
+    let mut first = true;
+    loop {
+        // One round: a consumer and a producer, from the committed offsets.
+        let ledger = Arc::new(Ledger::default());
+        let clients = async {
+            let (intake, rx) = kafka_source::start(settings, &ledger)?;
+            let output =
+                Output::new(settings, work.pipeline.lexicon().version(), framing.clone(), Arc::clone(&intake.consumer))
+                    .await?;
+            Ok::<_, RunError>((intake, rx, output))
+        };
+        let (mut intake, rx, mut output) = tokio::select! {
+            made = clients => made?,
+            _ = &mut shutdown => {
+                info!("Shutdown requested while connecting; nothing more was consumed.");
+                total.interrupted = true;
+                return Ok(total);
             }
-            intake.close();
+        };
+        if std::mem::take(&mut first) {
+            let startup = startup.elapsed();
+            metrics().startup_duration.set(startup.as_secs_f64());
+            total.startup = startup;
             info!(
-                read = summary.read,
-                written = summary.written,
-                dead_lettered = summary.dead_lettered(),
-                "Kafka run finished; offsets committed."
+                topics = ?k.topics,
+                group = %k.group_id,
+                transactions = k.transactions,
+                in_flight = settings.pipeline.in_flight,
+                "Consuming from Kafka."
             );
-            Ok(summary)
         }
-        Err(e) => {
-            error!(code = e.code().as_str(), error = %e, "Halting without committing.");
-            output.abort().await;
-            intake.close();
-            Err(e)
+        let mut acks = Acks::new(ledger, Some(&k.dead_letters));
+        let mut runner = Runner::new(opts.clone(), &work, &mut output, &mut acks);
+        readiness.set(true);
+        let result = runner.run(rx, &mut intake, shutdown.as_mut()).await;
+        total.absorb(std::mem::take(&mut runner.summary));
+        readiness.set(false);
+        total.elapsed = started.elapsed();
+        match result {
+            Ok(()) => {
+                if let Some(indexer) = &indexer
+                    && let Err(e) = indexer.store().flush().await
+                {
+                    warn!(error = %e, "Could not flush the embedded store (its WAL keeps the points).");
+                }
+                intake.close();
+                info!(
+                    read = total.read,
+                    written = total.written,
+                    dead_lettered = total.dead_lettered(),
+                    "Kafka run finished; offsets committed."
+                );
+                return Ok(total);
+            }
+            Err(e) => {
+                let client = output.fatal_client();
+                let rebuild =
+                    client.filter(|_| matches!(e.code(), ErrorCode::ConsumerFatal | ErrorCode::DeliveryFailed));
+                output.abort().await;
+                intake.close();
+                drop(output);
+                match rebuild.map(|client| (client, rebuilds.next())) {
+                    Some((client, Some(pause))) => {
+                        warn!(
+                            code = e.code().as_str(),
+                            client,
+                            error = %e,
+                            "A Kafka client is in a fatal state: the open transaction is aborted and the consumer and \
+                             producer are made again; consuming resumes from the committed offsets."
+                        );
+                        metrics().kafka_rebuilds.with_label_values(&[client]).inc();
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = &mut shutdown => {
+                                total.interrupted = true;
+                                return Ok(total);
+                            }
+                        }
+                    }
+                    _ => {
+                        error!(code = e.code().as_str(), error = %e, "Halting without committing.");
+                        return Err(e);
+                    }
+                }
+            }
         }
+    }
+}
+
+/// The budget of in-process rebuilds: at most `kafka.rebuilds_max` within `kafka.rebuilds_window_ms` (so two
+/// members given one `group.instance.id`, which fence each other in turn, end with one halted as before), each
+/// after a pause that doubles from `kafka.retry_initial_ms` up to `kafka.retry_max_ms`.
+struct Rebuilds {
+    max: usize,
+    window: std::time::Duration,
+    initial: std::time::Duration,
+    cap: std::time::Duration,
+    at: std::collections::VecDeque<Instant>,
+}
+
+impl Rebuilds {
+    fn new(k: &crate::config::KafkaSettings) -> Rebuilds {
+        Rebuilds {
+            max: k.rebuilds_max,
+            window: std::time::Duration::from_millis(k.rebuilds_window_ms),
+            initial: std::time::Duration::from_millis(k.retry_initial_ms),
+            cap: std::time::Duration::from_millis(k.retry_max_ms),
+            at: Default::default(),
+        }
+    }
+
+    /// The pause before the next rebuild, or `None` when the budget is spent.
+    fn next(&mut self) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        while self.at.front().is_some_and(|t| now.duration_since(*t) > self.window) {
+            self.at.pop_front();
+        }
+        if self.at.len() >= self.max {
+            return None;
+        }
+        self.at.push_back(now);
+        let doublings = (self.at.len() - 1).min(16) as u32;
+        Some(self.initial.saturating_mul(1 << doublings).min(self.cap))
     }
 }
 

@@ -398,6 +398,8 @@ pub struct StoreSettings {
     /// `none`, or `int8`: scalar quantization of the dense vectors (kept in RAM; the originals stay for rescoring).
     pub quantization: String,
     /// HNSW graph of the dense vectors: edges per node and the construction beam.
+    /// At exit, how long a running index maintenance may go on before the process ends without it.
+    pub maintenance_wait_ms: u64,
     pub hnsw_m: u64,
     pub hnsw_ef_construct: u64,
     /// An alias readers use (`clinstream search`, the query service). Empty: none. The worker creates it pointing
@@ -438,6 +440,10 @@ pub struct KafkaSettings {
     pub retry_initial_ms: u64,
     pub retry_max_ms: u64,
     pub halt_after_ms: u64,
+    /// In-process rebuilds of the consumer and producer after a fatal client error, at most this many within
+    /// `rebuilds_window_ms`; 0 = halt at once (`consumer_fatal` / `delivery_failed`).
+    pub rebuilds_max: usize,
+    pub rebuilds_window_ms: u64,
     pub dead_letters: DeadLetterLimit,
     /// Confluent Schema Registry: when `url` is set, outputs use its wire format with registered schema ids.
     pub schema_registry: SchemaRegistrySettings,

@@ -465,6 +465,25 @@ impl Chunker {
         };
         Ok(Chunked { chunks, vectors, units, embedded_tokens })
     }
+
+    /// The points the worker writes for a chunked document (on the blocking pool): its chunks with their vectors,
+    /// BM25 vectors and payloads, then its entity windows; and how many of them are chunks.
+    pub async fn points(
+        &self,
+        doc: &Arc<Document>,
+        chunked: Chunked,
+        version: &str,
+    ) -> Result<(Vec<Point>, usize), DocError> {
+        let v = version.to_string();
+        self.on_cpu(doc, move |cpu, d| {
+            let Chunked { chunks, vectors, units, .. } = chunked;
+            let mut points = cpu.points(d, &chunks, &units, vectors, &v);
+            let n = points.len();
+            points.extend(cpu.window_points(d, &v));
+            (points, n)
+        })
+        .await
+    }
 }
 
 impl Indexer {
@@ -510,18 +529,10 @@ impl Indexer {
             return Ok(0);
         }
         let clock = Instant::now();
-        let Chunked { chunks, vectors, units, .. } = self.chunker.chunk(doc).await?;
+        let chunked = self.chunker.chunk(doc).await?;
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
         let v = note.version.clone().unwrap_or_default();
-        let (points, n) = self
-            .chunker
-            .on_cpu(doc, move |cpu, d| {
-                let mut points = cpu.points(d, &chunks, &units, vectors, &v);
-                let n = points.len();
-                points.extend(cpu.window_points(d, &v));
-                (points, n)
-            })
-            .await?;
+        let (points, n) = self.chunker.points(doc, chunked, &v).await?;
         let clock = Instant::now();
         // The points, then the document's other points (older versions), grouped with other documents' writes;
         // then any documents this one replaces.

@@ -72,6 +72,20 @@ impl Summary {
         self.dead_letters.values().sum()
     }
 
+    /// Adds a later round's counts (Kafka mode after an in-process rebuild of its clients).
+    pub fn absorb(&mut self, round: Summary) {
+        self.read += round.read;
+        self.written += round.written;
+        for (code, n) in round.dead_letters {
+            *self.dead_letters.entry(code).or_default() += n;
+        }
+        self.skipped_files += round.skipped_files;
+        self.skipped_resources += round.skipped_resources;
+        self.bytes += round.bytes;
+        self.interrupted |= round.interrupted;
+        self.outputs.extend(round.outputs);
+    }
+
     pub fn notes_per_second(&self) -> f64 {
         let secs = self.elapsed.as_secs_f64();
         if secs > 0.0 { self.read as f64 / secs } else { 0.0 }

@@ -665,6 +665,69 @@ async fn embedded_store_maintenance_keeps_data_whole_while_points_are_rewritten(
     assert_eq!(reopened.count().await.unwrap(), expected, "after a reopen");
 }
 
+/// A file run ends its process without waiting out an index maintenance (`store.maintenance_wait_ms = 0`): the
+/// maintenance is dropped as after a crash, and the store it leaves holds exactly what a run that waited for it
+/// holds — the same chunk count and the same answers — after a reopen. Many small maintenances with HNSW graphs
+/// (`maintain_every` 20, `index_threshold_kb` 1) make one likely to be running when the run ends; the verdict does
+/// not depend on whether one was.
+#[test]
+fn a_file_run_exits_without_waiting_for_index_maintenance_and_leaves_its_store_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let fixtures = root().join("tests/fixtures/mtsamples");
+    let mut texts: Vec<String> =
+        std::fs::read_dir(&fixtures).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect();
+    texts.sort();
+    let input = dir.path().join("notes.ndjson");
+    let mut lines = Vec::new();
+    for i in 0..240 {
+        let text = &texts[i % texts.len()];
+        lines.push(
+            String::from_utf8(note(&format!("n-{i}"), "1", "current", &format!("Patient/{}", i % 17), text)).unwrap(),
+        );
+    }
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let run = |name: &str, wait_ms: &str| {
+        let store = dir.path().join(name);
+        let out = common::clinstream()
+            .args(["run", "--no-progress", "--input", input.to_str().unwrap(), "--out"])
+            .arg(dir.path().join(format!("out-{name}")))
+            .env("CLINSTREAM__EMBED__MODEL_DIR", &s.embed.model_dir)
+            .env("CLINSTREAM__EMBED__EXECUTION_PROVIDER", "synthetic")
+            .env("CLINSTREAM__EMBED__ALLOW_SYNTHETIC", "true")
+            .env("CLINSTREAM__STORE__PATH", &store)
+            .env("CLINSTREAM__STORE__MAINTAIN_EVERY", "20")
+            .env("CLINSTREAM__STORE__INDEX_THRESHOLD_KB", "1")
+            .env("CLINSTREAM__STORE__MAINTENANCE_WAIT_MS", wait_ms)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut settings = s.store.clone();
+        settings.path = store.display().to_string();
+        settings
+    };
+    let (waited, left) = (run("waited", "600000"), run("left", "0"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let waited = clinstream::store::Store::open_existing(&waited).await.unwrap();
+        let left = clinstream::store::Store::open_existing(&left).await.unwrap();
+        let n = waited.count().await.unwrap();
+        assert!(n >= 240, "every note has chunks: {n}");
+        assert_eq!(left.count().await.unwrap(), n, "the store left mid-maintenance holds every chunk");
+        // The same nearest chunks within one patient (a small filtered set is searched exactly, HNSW or not).
+        let norm = (0..384).map(|i| (((i * 7919) % 101) as f32 - 50.0).powi(2)).sum::<f32>().sqrt();
+        let probe: Vec<f32> = (0..384).map(|i| (((i * 7919) % 101) as f32 - 50.0) / norm).collect();
+        for patient in ["Patient/3", "Patient/11"] {
+            let mut q = nearest(probe.clone(), 5);
+            q.filters.patient = Some(patient.to_string());
+            let ids = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<_>>();
+            let a = ids(waited.search(&q).await.unwrap());
+            assert_eq!(a.len(), 5);
+            assert_eq!(ids(left.search(&q).await.unwrap()), a, "the same answers from both stores");
+        }
+    });
+}
+
 /// `make run`'s job in miniature: `clinstream run` indexes examples/ into the embedded store, and a new process
 /// (`clinstream search`) reopens it and finds the relevant note, with its payload, by query and by filters.
 #[test]

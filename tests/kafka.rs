@@ -767,7 +767,7 @@ fn chaos_broker_outage_of_a_minute() {
 }
 
 /// The worker starts before the broker, then the broker is stopped mid-stream for `outage` and restarted on the
-/// same data: the worker waits, resumes, and loses nothing (`n` events before the outage, `n` after).
+/// same data: the worker waits, resumes, never exits, and loses nothing (`n` events before the outage, `n` after).
 fn broker_outage(n: usize, outage: Duration) {
     if !can_start_broker() {
         return;
@@ -781,8 +781,8 @@ fn broker_outage(n: usize, outage: Duration) {
     // The worker starts first: nothing listens on the port yet. A StatefulSet replica (static membership): after a
     // long outage the broker has expired the session, and the test broker (noida-db) blocks a dynamic member's
     // rejoin for the whole rebalance timeout (see docs/kafka.md); a static member takes its partitions back.
-    let extra = || vec![("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".to_string())];
-    let mut w = Worker::start(&WorkerConfig { extra: extra(), ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
+    let extra = vec![("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".to_string())];
+    let mut w = Worker::start(&WorkerConfig { extra, ..WorkerConfig::new(&addr, &names, dir.path(), "w") });
     std::thread::sleep(Duration::from_secs(3));
     assert!(w.child.try_wait().unwrap().is_none(), "the worker gave up without a broker:\n{}", w.log_text());
     let mut broker = Broker::start(port, data.path());
@@ -801,39 +801,30 @@ fn broker_outage(n: usize, outage: Duration) {
     let back = Instant::now();
     produce(&addr, &names.input, &documents("after", n));
     let mut missing = 0;
-    let mut all = false;
-    let mut fenced = 0;
-    while !all && back.elapsed() < Duration::from_secs(120 + n as u64 / 20) {
-        all = try_wait_until(Duration::from_secs(2), || {
-            let keys = counts_by_key(&read_all(&addr, &names.kg, false));
-            missing = (0..n)
-                .filter(|i| !(keys.contains_key(&format!("before-{i}")) && keys.contains_key(&format!("after-{i}"))))
-                .count();
-            missing == 0
-        });
-        if !all && !w.running() {
-            // The restarted test broker sometimes fences the static member that rejoins (`FencedInstanceId`, which
-            // librdkafka makes fatal for the consumer): the worker halts at once with consumer_fatal, exit 1, and
-            // the StatefulSet's restart resumes from the committed offsets. Any other exit fails the test.
-            let log = w.log_text();
-            assert!(fenced == 0 && log.contains("consumer_fatal"), "the worker stopped after the restart:\n{log}");
-            assert_eq!(w.wait(Duration::from_secs(5)), 1, "{log}");
-            fenced += 1;
-            w = Worker::start(&WorkerConfig { extra: extra(), ..WorkerConfig::new(&addr, &names, dir.path(), "w2") });
-        }
-    }
+    let all = try_wait_until(Duration::from_secs(120 + n as u64 / 20), || {
+        // The worker rides the restart out in-process: a consumer the restarted broker fences (`FencedInstanceId`,
+        // fatal in librdkafka) is rebuilt with the producer; the process never exits.
+        assert!(w.running(), "the worker stopped after the broker's restart:\n{}", w.log_text());
+        let keys = counts_by_key(&read_all(&addr, &names.kg, false));
+        missing = (0..n)
+            .filter(|i| !(keys.contains_key(&format!("before-{i}")) && keys.contains_key(&format!("after-{i}"))))
+            .count();
+        missing == 0
+    });
     assert!(all, "{missing} documents without outputs after the restart; worker log:\n{}", w.log_tail(40));
     let caught_up = back.elapsed();
     wait_all_committed(&addr, &names, 30);
     w.sigterm();
     assert_eq!(w.wait(Duration::from_secs(30)), 0, "{}", w.log_text());
     assert_eq!(distinct_keys(&addr, &names.dlq), 0, "nothing was dead-lettered");
-    // A restarted test broker forgets idempotent producer state: the worker then replaces its producer in-process.
+    // A restarted test broker forgets idempotent producer state: the worker then replaces its producer in-process;
+    // one that forgets the static member fences the consumer: the worker rebuilds its clients in-process.
     let replaced = w.log_text().matches("Producer hit a fatal error").count();
+    let rebuilt = w.log_text().matches("consumer and producer are made again").count();
     println!(
         "FIGURES broker outage: down {:.0} s mid-stream ({at_stop} of {n} documents had outputs), worker alive \
-         throughout (producer replaced after a fatal idempotence error {replaced} times; consumer fenced and the worker \
-         restarted {fenced} times); all {} documents' outputs {:.1} s after the restart; 0 dead letters; all committed",
+         throughout (producer replaced after a fatal idempotence error {replaced} times; Kafka clients rebuilt \
+         in-process {rebuilt} times); all {} documents' outputs {:.1} s after the restart; 0 dead letters; all committed",
         was_down.as_secs_f64(),
         2 * n,
         caught_up.as_secs_f64()
@@ -841,11 +832,13 @@ fn broker_outage(n: usize, outage: Duration) {
 }
 
 /// Two workers with the same `kafka.group_instance_id` (a pod started twice, or two replicas given one identity):
-/// the broker fences the first, which librdkafka makes fatal for its consumer. The fenced worker halts at once
-/// with consumer_fatal (exit 1) instead of idling while it can neither fetch nor commit, and the second processes
-/// every document, before and after; nothing is lost or dead-lettered.
+/// the broker fences the first when the second joins, which librdkafka makes fatal for its consumer. The first
+/// (`kafka.rebuilds_max = 1`) rebuilds its consumer and producer in-process and rejoins, which fences the second;
+/// the second (`rebuilds_max = 0`) halts at once with consumer_fatal (exit 1) instead of idling while it can
+/// neither fetch nor commit. The first never exits and processes every document, before and after; nothing is
+/// lost or dead-lettered.
 #[test]
-fn a_fenced_worker_halts_with_consumer_fatal_and_loses_nothing() {
+fn a_fenced_worker_rebuilds_its_clients_in_process_and_one_without_budget_halts() {
     if !can_start_broker() {
         return;
     }
@@ -856,25 +849,55 @@ fn a_fenced_worker_halts_with_consumer_fatal_and_loses_nothing() {
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let _broker = Broker::start(port, data.path());
-    let extra = || vec![("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".to_string())];
-    let mut a = Worker::start(&WorkerConfig { extra: extra(), ..WorkerConfig::new(&addr, &names, dir.path(), "a") });
+    let metrics_port = free_port();
+    let extra = |budget: &str, port: Option<u16>| {
+        let mut e = vec![
+            ("CLINSTREAM__KAFKA__GROUP_INSTANCE_ID", "replica-0".to_string()),
+            ("CLINSTREAM__KAFKA__REBUILDS_MAX", budget.to_string()),
+        ];
+        e.extend(port.map(|p| ("CLINSTREAM__METRICS__ADDR", format!("127.0.0.1:{p}"))));
+        e
+    };
+    let mut a = Worker::start(&WorkerConfig {
+        extra: extra("1", Some(metrics_port)),
+        ..WorkerConfig::new(&addr, &names, dir.path(), "a")
+    });
     wait_until(Duration::from_secs(60), "the first worker's partitions", || {
         a.log_text().contains("Partitions assigned")
     });
     produce(&addr, &names.input, &documents("first", 100));
     wait_until(Duration::from_secs(60), "the first worker's outputs", || distinct_keys(&addr, &names.kg) == 100);
-    let mut b = Worker::start(&WorkerConfig { extra: extra(), ..WorkerConfig::new(&addr, &names, dir.path(), "b") });
-    let fenced = Instant::now();
-    assert_eq!(a.wait(Duration::from_secs(60)), 1, "the fenced worker did not halt:\n{}", a.log_tail(30));
-    let halted = fenced.elapsed();
-    assert!(a.log_text().contains("consumer_fatal"), "{}", a.log_tail(30));
+    let mut b =
+        Worker::start(&WorkerConfig { extra: extra("0", None), ..WorkerConfig::new(&addr, &names, dir.path(), "b") });
+    let joined = Instant::now();
+    wait_until(Duration::from_secs(120), "the first worker's in-process rebuild", || {
+        assert!(a.running(), "the first worker exited instead of rebuilding:\n{}", a.log_tail(30));
+        a.log_text().contains("consumer and producer are made again")
+    });
+    assert_eq!(b.wait(Duration::from_secs(120)), 1, "the second worker did not halt:\n{}", b.log_tail(30));
+    let halted = joined.elapsed();
+    assert!(b.log_text().contains("consumer_fatal"), "{}", b.log_tail(30));
+    assert!(!b.log_text().contains("made again"), "no rebuild without a budget:\n{}", b.log_tail(30));
     produce(&addr, &names.input, &documents("second", 100));
-    wait_until(Duration::from_secs(90), "every document's outputs", || distinct_keys(&addr, &names.kg) == 200);
+    wait_until(Duration::from_secs(90), "every document's outputs", || {
+        assert!(a.running(), "the first worker exited:\n{}", a.log_tail(30));
+        distinct_keys(&addr, &names.kg) == 200
+    });
     wait_all_committed(&addr, &names, 30);
-    b.sigterm();
-    assert_eq!(b.wait(Duration::from_secs(30)), 0, "{}", b.log_tail(30));
+    let (200, body) = http_get(metrics_port, "/metrics").expect("metrics") else { panic!("metrics") };
+    assert!(
+        body.contains("clinstream_kafka_client_rebuilds_total{client=\"consumer\"} 1"),
+        "the rebuild is counted: {}",
+        body.lines().filter(|l| l.contains("rebuilds")).collect::<Vec<_>>().join("\n")
+    );
+    a.sigterm();
+    assert_eq!(a.wait(Duration::from_secs(30)), 0, "{}", a.log_tail(30));
     assert_eq!(distinct_keys(&addr, &names.dlq), 0, "nothing was dead-lettered");
-    println!("FIGURES fenced worker: halted with consumer_fatal {:.1} s after the second joined", halted.as_secs_f64());
+    println!(
+        "FIGURES fenced worker: rebuilt its clients in-process; the one without a rebuild budget halted with \
+         consumer_fatal {:.1} s after it joined",
+        halted.as_secs_f64()
+    );
 }
 
 #[test]

@@ -47,9 +47,8 @@ pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
             settings.kafka.enabled,
             "nothing to read: give --input PATH (files) or set kafka.enabled = true (see docs/kafka.md)"
         );
-        let summary = runtime
-            .block_on(async { app::run_kafka(&settings, shutdown_signal()).await })
-            .context("the worker halted")?;
+        let result = runtime.block_on(async { app::run_kafka(&settings, shutdown_signal()).await });
+        let summary = finish(runtime, &settings, result).context("the worker halted")?;
         print!("{summary}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -59,9 +58,18 @@ pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
         include_text,
         progress: !no_progress,
     };
-    let summary = runtime
-        .block_on(async { app::run_files(&settings, opts, shutdown_signal()).await })
-        .context("the run halted")?;
+    let result = runtime.block_on(async { app::run_files(&settings, opts, shutdown_signal()).await });
+    let summary = finish(runtime, &settings, result).context("the run halted")?;
     print!("{summary}");
     Ok(if summary.dead_lettered() > 0 { ExitCode::from(EXIT_DEAD_LETTERS) } else { ExitCode::SUCCESS })
+}
+
+/// Ends the runtime once the run has returned (its outputs written, its points durable): a background task still
+/// running — above all an index maintenance of the embedded store, which rebuilds a large segment's HNSW graph for
+/// up to a minute — gets `store.maintenance_wait_ms`, then the process exits without it. An unfinished maintenance
+/// is dropped as after a crash (the segments it would replace are intact; the next one redoes it), so a worker
+/// stopped by SIGTERM exits within its pod's grace period.
+fn finish<T>(runtime: tokio::runtime::Runtime, settings: &Settings, result: T) -> T {
+    runtime.shutdown_timeout(std::time::Duration::from_millis(settings.store.maintenance_wait_ms));
+    result
 }

@@ -262,9 +262,10 @@ impl Embedder {
         tokio::task::spawn_blocking(move || info.digest().to_string()).await.unwrap_or_default()
     }
 
-    /// Tokens of `text` without special tokens (what a chunk's budget counts).
+    /// Tokens of `text` without special tokens (what a chunk's budget counts). Ids only: the tokenizer's offset
+    /// tracking is skipped (`encode_fast`), as in [`Embedder::encode_one`].
     pub fn count_tokens(&self, text: &str) -> usize {
-        self.tokenizer.encode(text, false).map(|e| e.len()).unwrap_or(usize::MAX)
+        self.tokenizer.encode_fast(text, false).map(|e| e.len()).unwrap_or(usize::MAX)
     }
 
     /// Token boundaries of `text` as byte offsets of each token's end (for cutting an over-long sentence).
@@ -280,10 +281,11 @@ impl Embedder {
         texts.iter().map(|t| self.encode_one(t)).collect()
     }
 
-    /// One text's token ids with special tokens, truncated to the model's limit.
+    /// One text's token ids with special tokens, truncated to the model's limit. The same ids as `encode`, without
+    /// computing each token's offsets (nothing here reads them; about 5 % of the tokenizer's time).
     pub fn encode_one(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
         self.tokenizer
-            .encode(text, true)
+            .encode_fast(text, true)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| EmbedError::Inference(format!("tokenizer: {e}")))
     }

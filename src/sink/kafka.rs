@@ -475,6 +475,18 @@ impl Output {
         Err(halt(ErrorCode::CommitFailed, format!("{what}: {e}")))
     }
 
+    /// Which of the round's Kafka clients is in a fatal state (`"consumer"` or `"producer"`), if one is: such a
+    /// client never works again, and the worker rebuilds both (`app::run_kafka`).
+    pub fn fatal_client(&self) -> Option<&'static str> {
+        if self.consumer.client().fatal_error().is_some() {
+            Some("consumer")
+        } else if self.producer.client().fatal_error().is_some() {
+            Some("producer")
+        } else {
+            None
+        }
+    }
+
     /// On a halt: aborts the open transaction (best effort; a restarted worker with the same transactional id
     /// fences it anyway). Without transactions, records already sent may still be delivered — they are
     /// idempotent by key and reproduced after the restart.

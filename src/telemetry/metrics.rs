@@ -30,6 +30,7 @@ pub const NAMES: &[&str] = &[
     KAFKA_RECORDS_PRODUCED,
     KAFKA_COMMITS,
     KAFKA_RETRIES,
+    KAFKA_REBUILDS,
     KAFKA_PAUSED,
     KAFKA_FETCH_REQUESTS,
     KAFKA_IDLE_PAUSES,
@@ -86,6 +87,7 @@ pub const BUILD_INFO: &str = "clinstream_build_info";
 pub const KAFKA_RECORDS_PRODUCED: &str = "clinstream_kafka_records_produced_total";
 pub const KAFKA_COMMITS: &str = "clinstream_kafka_commits_total";
 pub const KAFKA_RETRIES: &str = "clinstream_kafka_retries_total";
+pub const KAFKA_REBUILDS: &str = "clinstream_kafka_client_rebuilds_total";
 pub const KAFKA_PAUSED: &str = "clinstream_kafka_paused";
 pub const KAFKA_FETCH_REQUESTS: &str = "clinstream_kafka_fetch_requests_total";
 pub const KAFKA_IDLE_PAUSES: &str = "clinstream_kafka_idle_pauses_total";
@@ -130,6 +132,8 @@ pub struct Metrics {
     pub commits: IntCounterVec,
     /// `operation`: deliver | commit | admin | init | registry — transient failures retried.
     pub retries: IntCounterVec,
+    /// `client`: consumer | producer — the client found in a fatal state when the worker rebuilt both in-process.
+    pub kafka_rebuilds: IntCounterVec,
     /// 1 while the assigned partitions are paused because the in-flight budget is exhausted.
     pub paused: IntGauge,
     /// Fetch requests the input consumer sent (from librdkafka's statistics, every 5 s).
@@ -282,6 +286,17 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(KAFKA_RETRIES, "Transient Kafka failures retried, by operation."),
                     &["operation"],
+                )
+                .unwrap(),
+            ),
+            kafka_rebuilds: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        KAFKA_REBUILDS,
+                        "In-process rebuilds of the Kafka consumer and producer, by the client found in a fatal state.",
+                    ),
+                    &["client"],
                 )
                 .unwrap(),
             ),

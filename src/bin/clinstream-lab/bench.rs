@@ -130,12 +130,17 @@ pub enum BenchCommand {
     /// `store.shards` shards), and with `--url` on a Qdrant server (a new collection, dropped afterwards); prints
     /// JSON with each setting's ratio to the ungrouped one.
     Store {
-        /// Real notes (MTSamples: column `transcription`): the worker's own payloads, windows and BM25 vectors with
-        /// fixed chunks and placeholder dense vectors; without it, synthetic documents of `--chunks` + `--windows`.
+        /// Real notes (MTSamples: column `transcription`): the worker's own payloads, windows and BM25 vectors, and
+        /// chunks as `--points` says; without it, synthetic documents of `--chunks` + `--windows`.
         #[arg(long)]
         csv: Option<PathBuf>,
         #[arg(long, default_value = "transcription")]
         column: String,
+        /// With `--csv`: `worker` = the points an end-to-end run writes (the configured chunking and embedder; set
+        /// `embed.execution_provider = "synthetic"` to run no model), `placeholder` = fixed chunks with placeholder
+        /// vectors.
+        #[arg(long, value_enum, default_value = "worker")]
+        points: measure::StorePoints,
         #[arg(long, default_value_t = 3000)]
         docs: usize,
         /// Chunk points per document (dense + sparse vectors).
@@ -253,13 +258,13 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
-        BenchCommand::Store { csv, column, docs, chunks, windows, concurrency, groups, url, runs, config } => {
+        BenchCommand::Store { csv, column, points, docs, chunks, windows, concurrency, groups, url, runs, config } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             let events = match &csv {
                 Some(csv) => measure::events(csv, &column, Some(docs)).context("reading the corpus")?,
                 None => Vec::new(),
             };
-            let real = csv.is_some().then_some((&pipeline, events.as_slice()));
+            let real = csv.is_some().then_some((&pipeline, events.as_slice(), points));
             let r = measure::store(&settings, real, docs, chunks, windows, concurrency, &groups, url.as_deref(), runs)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)

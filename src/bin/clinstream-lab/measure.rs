@@ -881,6 +881,17 @@ pub fn growth(
     })
 }
 
+/// What `bench store --csv` writes for each note.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StorePoints {
+    /// The points the worker writes: its chunking (`chunking.*`, SEOS by default) and its embedder's vectors
+    /// (`embed.*`; with `embed.execution_provider = "synthetic"` no model runs), so that the store's write path is
+    /// measured on exactly what an end-to-end run writes.
+    Worker,
+    /// Fixed chunks with placeholder dense vectors (two non-zero components): no embedder at all.
+    Placeholder,
+}
+
 /// One setting of `bench store`.
 #[derive(Debug, Serialize)]
 pub struct StoreRun {
@@ -909,7 +920,7 @@ pub struct StoreRun {
 #[allow(clippy::too_many_arguments)]
 pub fn store(
     settings: &clinstream::config::Settings,
-    real: Option<(&Pipeline, &[Vec<u8>])>,
+    real: Option<(&Pipeline, &[Vec<u8>], StorePoints)>,
     docs: usize,
     chunks: usize,
     windows: usize,
@@ -933,17 +944,29 @@ pub fn store(
         (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
     let mut documents: Vec<(String, Vec<Point>)> = Vec::with_capacity(docs);
-    if let Some((pipeline, events)) = real {
-        // Real notes: the worker's payloads and windows, fixed chunks, placeholder vectors (no model run).
+    if let Some((pipeline, events, shape)) = real {
+        // Real notes: the worker's payloads, windows and BM25 vectors; the chunks and dense vectors either the
+        // worker's own (its chunking, its embedder as `embed.*` configures it) or fixed chunks with placeholders.
         let mut embed = settings.embed.clone();
-        embed.execution_provider = "cpu".into();
+        if shape == StorePoints::Placeholder {
+            embed.execution_provider = "cpu".into();
+        }
         let embedder = clinstream::embed::Embedder::start(&embed)?;
         let chunker = clinstream::index::Chunker::new(settings, embedder, pipeline.compiled())?;
         for event in events.iter().cycle().take(docs) {
             let Ok(doc) = pipeline.process(event) else { continue };
             let n = documents.len();
             let doc_id = format!("{}-{n}", doc.note.doc_id);
-            let mut points = chunker.points_unembedded(&doc, "1");
+            let mut points = match shape {
+                StorePoints::Placeholder => chunker.points_unembedded(&doc, "1"),
+                StorePoints::Worker => {
+                    let doc = Arc::new(doc);
+                    rt.block_on(async {
+                        let chunked = chunker.chunk(&doc).await?;
+                        chunker.points(&doc, chunked, "1").await.map(|(points, _)| points)
+                    })?
+                }
+            };
             for (i, p) in points.iter_mut().enumerate() {
                 p.id = point_id(&doc_id, "1", i);
                 p.payload.insert("doc_id".into(), doc_id.clone().into());
