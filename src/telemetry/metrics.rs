@@ -546,6 +546,9 @@ pub fn metrics() -> &'static Metrics {
         for operation in ["deliver", "commit", "admin", "init", "registry"] {
             m.retries.with_label_values(&[operation]);
         }
+        for client in ["consumer", "producer"] {
+            m.kafka_rebuilds.with_label_values(&[client]);
+        }
         for kind in ["assign", "revoke"] {
             m.rebalances.with_label_values(&[kind]);
         }
