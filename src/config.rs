@@ -62,6 +62,11 @@ pub struct RaptorSettings {
     /// The vector a summary is stored by: `text` (its text embedded, as in the paper: a model pass over the
     /// summaries a rebuild changes) or `mean` (its members' vectors averaged: no model call).
     pub summary_vectors: String,
+    /// Summaries written by the LLM (`llm.*`) from their members' texts, in the background after each rebuild
+    /// (never before a note is acknowledged); a node stays extractive until its summary is written.
+    pub abstractive: bool,
+    /// Tokens of the members' texts one abstractive summary is written from, at most.
+    pub abstract_input_tokens: usize,
 }
 
 /// The LLM of the generative step (`POST /v1/answer`): an OpenAI-compatible chat-completions endpoint
@@ -825,6 +830,12 @@ impl Settings {
                     .into(),
             );
         }
+        if r.abstractive && (!r.enabled || self.llm.base_url.trim().is_empty()) {
+            problems.push("raptor.abstractive: needs raptor.enabled and an LLM (llm.base_url)".into());
+        }
+        if r.abstract_input_tokens < 64 {
+            problems.push("raptor.abstract_input_tokens: must be at least 64".into());
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
@@ -1268,6 +1279,8 @@ mod tests {
                 ("CLINSTREAM__DECODE__CONTENT_TYPE_PREFERENCE", "application/pdf"),
                 ("CLINSTREAM__CHUNKING__SEOS_VECTORS", "exact"),
                 ("CLINSTREAM__RAPTOR__SUMMARY_TOKENS", "8"),
+                ("CLINSTREAM__RAPTOR__ABSTRACTIVE", "true"),
+                ("CLINSTREAM__RAPTOR__ABSTRACT_INPUT_TOKENS", "10"),
             ]),
         )
         .unwrap_err();
@@ -1279,6 +1292,8 @@ mod tests {
             "pipeline.in_flight",
             "chunking.seos_vectors: `exact` is not groups, sentences or composed",
             "raptor.summary_tokens: must be at least 16",
+            "raptor.abstractive: needs raptor.enabled and an LLM (llm.base_url)",
+            "raptor.abstract_input_tokens: must be at least 64",
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }

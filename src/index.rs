@@ -37,6 +37,8 @@ use crate::store::{self, Point, Store, StoreError, bm25};
 use crate::telemetry::health;
 use crate::telemetry::metrics::metrics;
 
+mod abstracts;
+
 /// The chunker, the store, and how long to ride out the store.
 pub struct Indexer {
     chunker: Chunker,
@@ -63,6 +65,8 @@ struct Trees {
     bm25: EdgeBm25,
     model: String,
     lanes: std::sync::Mutex<std::collections::HashMap<String, Arc<TreeLane>>>,
+    /// `raptor.abstractive`: the LLM's summaries, asked for after each rebuild (`abstracts`).
+    abstracts: Option<Arc<abstracts::Abstracts>>,
 }
 
 /// One patient's rebuilds: requests counted, the last request a finished rebuild covered, one rebuild at a time.
@@ -87,14 +91,14 @@ impl Trees {
         }
     }
 
-    /// The patient's summary points from their stored chunks (CPU only). A node already stored (`stored`: id →
-    /// vector) keeps its vector — the same id is the same children and so the same text; the others get their
-    /// text's model input in `to_embed` (point index, token ids) and a vector once it is embedded.
+    /// The patient's summary points from their stored chunks (CPU only). A node already stored (`stored`, by id)
+    /// keeps its vector and its abstract — the same id is the same children and so the same text; the others get
+    /// their text's model input in `to_embed` (point index, token ids) and a vector once it is embedded.
     fn points(
         &self,
         patient: &str,
         leaves: Vec<store::Stored>,
-        stored: &std::collections::HashMap<String, Vec<f32>>,
+        stored: &std::collections::HashMap<String, store::Stored>,
         embedder: &Embedder,
     ) -> (Vec<Point>, Vec<(usize, Vec<u32>)>) {
         let members: Vec<query::raptor::Member> = leaves.into_iter().map(leaf_member).collect();
@@ -122,16 +126,22 @@ impl Trees {
             p.insert("sentences".into(), sentences.into());
             p.insert("model".into(), self.model.clone().into());
             p.insert("worker_version".into(), crate::WORKER_VERSION.into());
-            let sparse = bm25::sparse_document(&self.bm25, &text);
-            let dense = match stored.get(&n.id) {
+            let kept = stored.get(&n.id);
+            for field in ["abstract", "abstract_model"] {
+                if let Some(v) = kept.and_then(|k| k.payload.get(field)).filter(|v| v.is_string()) {
+                    p.insert(field.into(), v.clone());
+                }
+            }
+            p.insert("text".into(), text.clone().into());
+            let sparse = bm25::sparse_document(&self.bm25, abstracts::searched_text(&p));
+            let dense = match kept {
                 _ if !self.embed_text => n.vector,
-                Some(v) => v.clone(),
+                Some(k) => k.dense.clone(),
                 None => {
                     to_embed.push((points.len(), embedder.encode_one(&text).unwrap_or_default()));
                     Vec::new()
                 }
             };
-            p.insert("text".into(), text.into());
             points.push(Point { id: point_id, dense, sparse, payload: p });
         }
         (points, to_embed)
@@ -501,13 +511,35 @@ impl Indexer {
             bm25: bm25::encoder(settings.store.bm25_avg_len)?,
             model: chunker.embedder.info().name.clone(),
             lanes: Default::default(),
+            abstracts: abstracts::Abstracts::new(settings).map_err(StartError::Config)?,
         });
         let halt_after = Duration::from_millis(settings.store.halt_after_ms);
+        if let Some(a) = &trees.abstracts {
+            let parts = abstracts::Parts {
+                trees: Arc::clone(&trees),
+                store: Arc::clone(&store),
+                embedder: chunker.embedder.clone(),
+                halt_after,
+            };
+            a.spawn(Arc::new(parts), settings.llm.max_concurrent);
+        }
         Ok(Indexer { chunker, store, writer, halt_after, trees, tree_on_write: settings.raptor.enabled })
     }
 
     pub fn embedder(&self) -> &Embedder {
         &self.chunker.embedder
+    }
+
+    /// Patients whose abstractive summaries are queued or being written (`raptor.abstractive`; 0 when off).
+    pub fn abstracts_pending(&self) -> usize {
+        self.trees.abstracts.as_ref().map_or(0, |a| a.pending())
+    }
+
+    /// Waits until every abstractive summary asked for so far has been written or given up (at once when off).
+    pub async fn abstracts_settled(&self) {
+        if let Some(a) = &self.trees.abstracts {
+            a.settled().await;
+        }
     }
 
     pub fn chunker(&self) -> &Chunker {
@@ -583,8 +615,8 @@ impl Indexer {
         let to_doc = |e: StoreError| DocError::new(e.code(), Stage::Index, e.to_string());
         let (leaves, stored) = retry_store(self.halt_after, || async {
             let stored = async {
-                match self.trees.embed_text {
-                    true => self.store.summary_vectors(patient).await,
+                match self.trees.embed_text || self.trees.abstracts.is_some() {
+                    true => self.store.summaries(patient).await,
                     false => Ok(Default::default()),
                 }
             };
@@ -611,6 +643,9 @@ impl Indexer {
         }
         let written = points.len();
         self.retrying(|| self.store.replace_summaries(patient, points.clone())).await?;
+        if let Some(a) = &self.trees.abstracts {
+            a.request(patient);
+        }
         Ok((n, written))
     }
 

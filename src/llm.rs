@@ -1,5 +1,5 @@
 //! The LLM client: one OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp's `llama-server`, Ollama,
-//! hosted services) for the generative step of the query service.
+//! hosted services) for the generative steps.
 //!
 //! In: `llm.*` (base URL, model, API key as a secret, timeout, retries, concurrency limit) and the messages. Out:
 //! the completion's text and token counts, or an `LlmError` the routes map to a status: `Unavailable` 503 (the
@@ -8,8 +8,10 @@
 //! something unusable).
 //!
 //! At most `llm.max_concurrent` calls at once per process; retries on connection errors, 429 and 5xx with the one
-//! `Backoff`, all inside the one deadline. Only the query service calls it: a slow or down LLM never touches a
-//! worker. Prompts and completions are never logged; errors name the status, never the content.
+//! `Backoff`, all inside the one deadline. The query service calls it for answers; a worker only for RAPTOR's
+//! abstractive summaries (`raptor.abstractive`), in the background after a note is acknowledged, so a slow or
+//! down LLM never holds a note. Prompts and completions are never logged; errors name the status, never the
+//! content.
 
 use std::time::Duration;
 

@@ -201,6 +201,8 @@ fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
             show_errors: false,
             chunker: None,
             dense_weight: s.store.dense_weight,
+            bm25_avg_len: s.store.bm25_avg_len,
+            summaries: None,
             llm: Some(&eval_llm),
             sample: 2,
             importance: None,
@@ -218,6 +220,72 @@ fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
     // The questions asked were patient a's effusion and a's cardiomegaly: b's note never reached the model.
     let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
     assert!(sent.contains(MINE) && !sent.contains(THEIRS), "only the asked patient's notes reach the LLM");
+}
+
+/// `clinstream-lab eval qa --strategy tree+llm`: each asked patient's tree gets abstractive summaries written by the
+/// LLM (the summary prompt, the patient's chunks), searched by their embedding and counted in the budget by their
+/// own tokens; another patient's notes never reach the model.
+#[test]
+fn eval_qa_builds_the_tree_with_abstractive_summaries() {
+    let Some(server) = LlmServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = SlowProxy::start(server.port, Duration::ZERO);
+    let url = server.url.replacen(&format!(":{}", server.port), &format!(":{}", proxy.port), 1);
+    let Some(mut s) = settings(dir.path(), Some((&url, &server))) else { return };
+    s.llm.max_tokens = 64;
+    let mut docs: Vec<String> = tree_notes(MINE)
+        .iter()
+        .enumerate()
+        .map(|(i, t)| String::from_utf8(service::note(&format!("t-{i}"), "a", t)).unwrap())
+        .collect();
+    docs.push(
+        String::from_utf8(service::note("u-0", "b", &format!("FINDINGS: No effusion ({THEIRS}).").to_string()))
+            .unwrap(),
+    );
+    let questions = [
+        json!({"patient": "a", "question": "What do the notes say about pneumonia?", "variable": "v", "answer": "yes",
+            "needle_doc_id": "", "evidence": ["Pneumonia resolving."]})
+        .to_string(),
+    ];
+    let (documents, questions_path) = (dir.path().join("documents.ndjson"), dir.path().join("questions.jsonl"));
+    std::fs::write(&documents, docs.join("\n")).unwrap();
+    std::fs::write(&questions_path, questions.join("\n")).unwrap();
+    let rt = service::runtime();
+    let report = rt.block_on(async {
+        let pipeline = clinstream::stages::Pipeline::new(&s).unwrap();
+        let embedder = clinstream::embed::Embedder::start_async(&s.embed).await.unwrap();
+        let llm = clinstream::llm::Llm::new(&s.llm).unwrap().expect("an endpoint");
+        let templates = clinstream::query::answer::Templates::load_summary("").unwrap();
+        let summarizer = clinstream::eval::qa::EvalLlm { llm: &llm, templates: &templates };
+        let strategies = vec!["tree".to_string(), "tree+llm".to_string()];
+        let cache = dir.path().join("cache");
+        let run = clinstream::eval::qa::QaRun {
+            documents: &documents,
+            questions: &questions_path,
+            budget_tokens: 256,
+            window_words: 150,
+            strategies: &strategies,
+            label_cache: &cache,
+            show_errors: false,
+            chunker: None,
+            dense_weight: s.store.dense_weight,
+            bm25_avg_len: s.store.bm25_avg_len,
+            summaries: Some((&summarizer, 1536)),
+            llm: None,
+            sample: 1,
+            importance: None,
+            tree: clinstream::query::raptor::TreeParams { summary_tokens: 48, ..Default::default() },
+        };
+        clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap()
+    });
+    let (written, not) = report.abstracts.expect("abstracts counted");
+    assert!(written >= 1 && not == 0, "{written} written, {not} not");
+    for r in &report.strategies {
+        assert_eq!((r.questions, r.over_budget, r.isolation_violations), (1, 0, 0), "{r:?}");
+    }
+    let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
+    assert!(sent.contains("Summary:") && sent.contains(MINE), "the summary prompt over patient a's chunks");
+    assert!(!sent.contains(THEIRS), "another patient's note reached the LLM");
 }
 
 /// `clinstream-lab eval openi --llm`: CLEAR's extraction step — each variable's windows in a report go to the model,
@@ -271,4 +339,174 @@ fn eval_openi_labels_each_variable_with_the_llm_from_its_windows() {
     // The two reports' windows reached the model (each call holds one report's text only).
     let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
     assert!(sent.contains(MINE) && sent.contains(THEIRS), "the windows are the prompts' passages");
+}
+
+/// Notes of one patient about different things (several chunks each), each naming the patient's canary.
+fn tree_notes(canary: &str) -> Vec<String> {
+    [
+        "HISTORY: Chest pain on exertion for two weeks, relieved by rest. Troponin normal.\n\nPLAN: Stable angina. \
+         Continue aspirin and the beta blocker; add a statin and sublingual nitroglycerin; stress test ordered.",
+        "HISTORY: Three days of worsening dyspnea and productive cough with fever.\n\nPLAN: Community-acquired \
+         pneumonia. Start ceftriaxone and azithromycin; chest x-ray shows right lower lobe consolidation.",
+        "HISTORY: Follow-up for type 2 diabetes mellitus. Hemoglobin A1c is 8.4 percent despite metformin.\n\n\
+         PLAN: Poorly controlled diabetes. Add glipizide; retinal screening ordered; dietitian referral.",
+        "HISTORY: Cough has improved after the antibiotics for pneumonia; no fever.\n\nPLAN: Pneumonia resolving. \
+         Repeat chest x-ray in six weeks to confirm that the consolidation cleared.",
+    ]
+    .iter()
+    .map(|t| format!("{t} Patient code {canary}."))
+    .collect()
+}
+
+fn tree_settings(s: &mut Settings) {
+    s.raptor.enabled = true;
+    s.raptor.abstractive = true;
+    s.raptor.summary_tokens = 48;
+    s.chunking.chunk_tokens = 32;
+    s.llm.max_tokens = 64;
+}
+
+/// Both patients' tree notes: (id, patient, text).
+fn both_trees() -> Vec<(String, &'static str, String)> {
+    tree_notes(MINE)
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (format!("ab-{i}"), PATIENT, t))
+        .chain(tree_notes(THEIRS).into_iter().enumerate().map(|(i, t)| (format!("ob-{i}"), OTHER, t)))
+        .collect()
+}
+
+/// RAPTOR's abstractive summaries (`raptor.abstractive`): written by the LLM in the background, never before a note
+/// is acknowledged. With an LLM that accepts connections and never answers, every note is still indexed and its
+/// tree built (extractive), the summaries wait. With the real LLM: `abstracts_written`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_gets_abstractive_summaries_in_the_background_from_one_patients_text() {
+    use clinstream::stages::Pipeline;
+    use std::sync::Arc;
+
+    let _ = service::logs();
+    let Some(server) = LlmServer::start() else { return };
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let silent_url = format!("http://127.0.0.1:{}/v1", silent.local_addr().unwrap().port());
+    let Some(mut s) = settings(dir.path(), Some((&silent_url, &server))) else { return };
+    tree_settings(&mut s);
+    s.llm.timeout_ms = 3_600_000;
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = clinstream::index::Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    for (id, patient, text) in &both_trees() {
+        let doc = Arc::new(pipeline.process(&service::note(id, patient, text)).unwrap());
+        indexer.index(&doc).await.unwrap();
+    }
+    assert!(indexer.abstracts_pending() >= 1, "the summaries wait for the LLM");
+    let extractive = indexer.store().summaries(&format!("Patient/{PATIENT}")).await.unwrap();
+    assert!(!extractive.is_empty(), "the tree is built without the LLM");
+    assert!(extractive.values().all(|n| n.payload.get("abstract").is_none() && n.payload["text"].is_string()));
+    drop(indexer);
+
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path(), Some((&server.url, &server))) else { return };
+    abstracts_written(s, &server).await;
+    drop(silent);
+}
+
+/// The same against a real Qdrant server, summaries stored by their members' mean vector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_gets_abstractive_summaries_in_the_background_from_one_patients_text() {
+    let _ = service::logs();
+    let Some(server) = LlmServer::start() else { return };
+    let Some(qdrant) = common::qdrant::QdrantServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path(), Some((&server.url, &server))) else { return };
+    s.store.kind = "qdrant".into();
+    s.store.url = qdrant.url.clone();
+    s.store.api_key = Secret::new(qdrant.api_key.clone());
+    s.store.collection = common::qdrant::unique_collection("abstracts");
+    s.store.timeout_ms = 60_000;
+    s.raptor.summary_vectors = "mean".into();
+    abstracts_written(s, &server).await;
+}
+
+/// With the real LLM behind a recording proxy: every node of both patients' trees gets an abstract and its model
+/// beside its extractive text and citations, is searched by the abstract's embedding (`summary_vectors = "text"`),
+/// and each request to the LLM holds one patient's text only; re-indexing the same notes rebuilds the same nodes,
+/// which keep their abstracts and ask the LLM nothing more; nothing of the notes or the abstracts is logged.
+async fn abstracts_written(mut s: Settings, server: &LlmServer) {
+    use clinstream::stages::Pipeline;
+    use clinstream::store::{Filters, Query, Record};
+    use std::sync::Arc;
+
+    let proxy = SlowProxy::start(server.port, Duration::ZERO);
+    s.llm.base_url = server.url.replacen(&format!(":{}", server.port), &format!(":{}", proxy.port), 1);
+    tree_settings(&mut s);
+    let notes = both_trees();
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let indexer = clinstream::index::Indexer::start(&s, pipeline.compiled()).await.unwrap();
+    let index_all = || async {
+        for (id, patient, text) in &notes {
+            let doc = Arc::new(pipeline.process(&service::note(id, patient, text)).unwrap());
+            indexer.index(&doc).await.unwrap();
+        }
+        indexer.abstracts_settled().await;
+    };
+    let store = indexer.store().clone();
+    let requests = || {
+        let sent = String::from_utf8_lossy(&proxy.sent.lock().unwrap()).to_string();
+        sent.split("POST /").filter(|r| !r.is_empty()).map(str::to_string).collect::<Vec<_>>()
+    };
+    index_all().await;
+    let mut abstracts = Vec::new();
+    for patient in [PATIENT, OTHER] {
+        let nodes = store.summaries(&format!("Patient/{patient}")).await.unwrap();
+        assert!(!nodes.is_empty(), "{patient} has a tree");
+        for n in nodes.values() {
+            let a = n.payload.get("abstract").and_then(Value::as_str).unwrap_or_default();
+            assert!(!a.trim().is_empty(), "a node without an abstract: {:?}", n.payload.get("level"));
+            assert!(n.payload["abstract_model"].is_string(), "the model that wrote it");
+            assert!(n.payload["text"].is_string() && n.payload["sentences"].is_array(), "the citations stay");
+            abstracts.push((n.id.clone(), a.to_string(), patient));
+        }
+    }
+    if s.raptor.summary_vectors == "text" {
+        // Searched by the abstract: its own embedding finds it.
+        let (id, text, _) = abstracts.iter().find(|(_, _, p)| *p == PATIENT).unwrap().clone();
+        let own = indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
+        let mine = Filters { patient: Some(format!("Patient/{PATIENT}")), ..Default::default() };
+        let q = Query {
+            dense: own,
+            sparse: Default::default(),
+            filters: mine,
+            top: 3,
+            fields: None,
+            record: Record::Summaries,
+        };
+        let found = store.search(&q).await.unwrap();
+        assert!(found.iter().any(|h| h.id == id && h.score > 0.999), "{found:?}");
+    }
+    // Each request to the LLM holds one patient's text.
+    let asked = requests();
+    assert!(asked.len() >= abstracts.len(), "{} requests for {} nodes", asked.len(), abstracts.len());
+    assert!(asked.iter().any(|r| r.contains(MINE)) && asked.iter().any(|r| r.contains(THEIRS)));
+    assert!(asked.iter().all(|r| !(r.contains(MINE) && r.contains(THEIRS))), "two patients in one request");
+    // The same notes again: the same nodes, their abstracts kept, nothing more asked.
+    index_all().await;
+    for patient in [PATIENT, OTHER] {
+        let nodes = store.summaries(&format!("Patient/{patient}")).await.unwrap();
+        let before: Vec<_> = abstracts.iter().filter(|(_, _, p)| *p == patient).collect();
+        assert_eq!(nodes.len(), before.len());
+        for (id, text, _) in before {
+            assert_eq!(nodes[id].payload["abstract"].as_str(), Some(text.as_str()));
+        }
+    }
+    assert_eq!(requests().len(), asked.len(), "kept abstracts are not asked again");
+    let metrics = clinstream::telemetry::metrics::metrics().render();
+    assert!(
+        common::metric_value(&metrics, "clinstream_raptor_abstracts_total{outcome=\"written\"}").unwrap()
+            >= abstracts.len() as f64
+    );
+    // Nothing of the notes or the abstracts in the logs.
+    let log = service::log_text();
+    for secret in [MINE, THEIRS].into_iter().chain(abstracts.iter().map(|(_, a, _)| a.as_str())) {
+        assert!(secret.len() < 12 || !log.contains(secret), "the log holds note or abstract text");
+    }
 }

@@ -1321,6 +1321,8 @@ async fn eval_qa_on_a_small_record_set() {
         show_errors: false,
         chunker: None,
         dense_weight: s.store.dense_weight,
+        bm25_avg_len: s.store.bm25_avg_len,
+        summaries: None,
         llm: None,
         sample: 1,
         importance: None,

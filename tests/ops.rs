@@ -337,7 +337,7 @@ fn the_helm_chart_renders_and_lints() {
                    "kafka.common.security.protocol": "SASL_SSL", "kafka.common.sasl.mechanisms": "SCRAM-SHA-512"},
         "secrets": {"kafkaSasl": {"enabled": true}, "kafkaTls": {"enabled": true}, "qdrantApiKey": {"enabled": true},
                     "schemaRegistry": {"enabled": true}, "fhirBearerToken": {"enabled": true},
-                    "fhirSmartKey": {"enabled": true}}
+                    "fhirSmartKey": {"enabled": true}, "llmApiKey": {"enabled": true}}
     }))
     .unwrap();
     assert!(kafka.get("error").is_none(), "{kafka}");
@@ -375,6 +375,7 @@ fn the_helm_chart_renders_and_lints() {
         "CLINSTREAM__KAFKA__SCHEMA_REGISTRY__URL",
         "CLINSTREAM__FHIR__BEARER_TOKEN",
         "CLINSTREAM__FHIR__SMART__KEY_FILE",
+        "CLINSTREAM__LLM__API_KEY",
         "CLINSTREAM__EMBED__MODEL_FILE",
         "CLINSTREAM__PIPELINE__IN_FLIGHT",
     ] {

@@ -139,6 +139,9 @@ pub struct QaReport {
     pub budget_tokens: usize,
     pub window_words: usize,
     pub strategies: Vec<StrategyReport>,
+    /// `tree+llm`: summaries the LLM wrote, and nodes it wrote none for (failed or unusable; they stay extractive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abstracts: Option<(usize, usize)>,
 }
 
 /// A chunk of one note: byte span and its text's embedding.
@@ -165,6 +168,8 @@ pub struct QaRun<'a> {
     pub chunker: Option<&'a crate::index::Chunker>,
     /// `hybrid`: the dense share of the fused score (`store.dense_weight`).
     pub dense_weight: f32,
+    /// `bm25`, `hybrid`: the BM25 encoder's average document length (`store.bm25_avg_len`).
+    pub bm25_avg_len: f64,
     /// Ask this LLM too.
     pub llm: Option<&'a EvalLlm<'a>>,
     /// CPTF's token-importance model (`clear+cptf`).
@@ -173,6 +178,9 @@ pub struct QaRun<'a> {
     pub sample: usize,
     /// `tree`: how each patient's summary tree is built (`raptor.*`).
     pub tree: crate::query::raptor::TreeParams,
+    /// `tree+llm`: the LLM and summary templates that write abstractive summaries, and the input tokens of one
+    /// (`raptor.abstract_input_tokens`).
+    pub summaries: Option<(&'a EvalLlm<'a>, usize)>,
 }
 
 /// Runs the evaluation.
@@ -187,10 +195,12 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         show_errors,
         chunker,
         dense_weight,
+        bm25_avg_len,
         llm,
         sample,
         importance,
         tree,
+        summaries,
     } = *run;
 
     let read =
@@ -198,6 +208,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let fmt = |p: &Path, why: String| EvalError::Format { path: p.display().to_string(), why };
     if strategies.iter().any(|s| s.starts_with("clear+cptf")) && importance.is_none() {
         return Err(fmt(documents, "clear+cptf needs the token-importance model".into()));
+    }
+    if strategies.iter().any(|s| s.starts_with("tree+llm")) && summaries.is_none() {
+        return Err(fmt(documents, "tree+llm needs an LLM (llm.base_url)".into()));
     }
     let docs: Vec<Document> = read(documents)?
         .lines()
@@ -246,7 +259,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
             }
         };
         let texts: Vec<&str> = chunks.iter().map(|c| &docs[c.doc].note.text[c.start..c.end]).collect();
-        let bm25 = Bm25::new(&texts);
+        let bm25 = Bm25::new(&texts, bm25_avg_len).map_err(|e| fmt(documents, format!("BM25: {e}")))?;
         (chunks, vectors, Some(bm25))
     } else {
         (Vec::new(), Vec::new(), None)
@@ -269,7 +282,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     // Per strategy: the sum of the evidence-note shares and the multi-note questions counted.
     let mut notes_reached = vec![(0f64, 0usize); reports.len()];
     // `tree`: each patient's summary nodes, built on first use.
-    let mut trees: HashMap<String, Vec<raptor::Node>> = HashMap::new();
+    let mut trees: HashMap<String, (Vec<raptor::Node>, Vec<usize>)> = HashMap::new();
+    // `tree+llm`: abstracts written, and asked for without an answer.
+    let mut llm_summaries = (0usize, 0usize);
     for q in &questions {
         let own = by_patient.get(bare(&q.patient)).cloned().unwrap_or_default();
         let phrases = align::phrases(&q.question);
@@ -402,7 +417,32 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         let mut built = raptor::build(&leaves, &params, &|level, children| {
                             format!("{level}:{}", children.join(","))
                         });
-                        if !tree_strategy.starts_with("tree@mean") {
+                        let mut tokens: Vec<usize> = built.iter().map(raptor::Node::tokens).collect();
+                        if tree_strategy.starts_with("tree+llm") {
+                            // Abstractive summaries as the worker writes them: each node's members' texts (chunks,
+                            // or the abstracts below) to the LLM, the abstract embedded and counted in the budget;
+                            // the node's cited sentences stay what the evidence is read from.
+                            let (l, input) = summaries.expect("checked above");
+                            let chunk_text: HashMap<String, String> = own
+                                .iter()
+                                .flat_map(|d| chunks_of.get(d).into_iter().flatten().copied())
+                                .map(|c| {
+                                    (
+                                        format!("{c:08}"),
+                                        docs[chunks[c].doc].note.text[chunks[c].start..chunks[c].end].to_string(),
+                                    )
+                                })
+                                .collect();
+                            let texts = abstracts(l, input, &built, &chunk_text, &count, &mut llm_summaries).await;
+                            let written: Vec<(usize, &String)> =
+                                texts.iter().enumerate().filter_map(|(i, t)| t.as_ref().map(|t| (i, t))).collect();
+                            let refs: Vec<&str> = written.iter().map(|(_, t)| t.as_str()).collect();
+                            let vectors = embedder.embed(&refs).await.map_err(embed_err)?;
+                            for ((i, t), v) in written.iter().zip(vectors) {
+                                built[*i].vector = v;
+                                tokens[*i] = count(t);
+                            }
+                        } else if !tree_strategy.starts_with("tree@mean") {
                             // The summaries' own text embedded, as the indexer stores them (`tree@mean`: kept as
                             // their members' mean vector).
                             let texts: Vec<String> = built.iter().map(raptor::Node::text).collect();
@@ -411,9 +451,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                                 n.vector = v;
                             }
                         }
-                        trees.insert(key.clone(), built);
+                        trees.insert(key.clone(), (built, tokens));
                     }
-                    let nodes = &trees[&key];
+                    let (nodes, node_tokens) = &trees[&key];
                     let own_chunks: Vec<usize> =
                         own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
                     let texts: Vec<String> = own_chunks
@@ -422,7 +462,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         .collect();
                     let mut candidates: Vec<(&[f32], usize)> =
                         own_chunks.iter().zip(&texts).map(|(&c, t)| (chunk_vectors[c].as_slice(), count(t))).collect();
-                    candidates.extend(nodes.iter().map(|n| (n.vector.as_slice(), n.tokens())));
+                    candidates.extend(nodes.iter().zip(node_tokens).map(|(n, &t)| (n.vector.as_slice(), t)));
                     let qv = question_vector.as_ref().and_then(|v| v.first()).cloned().unwrap_or_default();
                     // Every candidate ranked, for the ranked figures; then those that fit, best first.
                     let mut ranked: Vec<(usize, f32)> =
@@ -472,10 +512,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     };
                     let bm25_scored = || {
                         let b = bm25.as_ref().expect("bm25 built");
-                        let terms = Bm25::terms(&q.question);
+                        let query = b.query(&q.question);
                         // Chunks sharing no term with the question are not BM25 candidates (as in the store).
                         let mut r: Vec<(usize, f32)> =
-                            candidates.iter().map(|&c| (c, b.score(c, &terms))).filter(|&(_, s)| s > 0.0).collect();
+                            candidates.iter().map(|&c| (c, b.score(c, &query))).filter(|&(_, s)| s > 0.0).collect();
                         r.sort_by(|a, b| b.1.total_cmp(&a.1));
                         r
                     };
@@ -690,7 +730,15 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
             r.mrr = Some(ranks[si].iter().map(|r| r.map_or(0.0, |r| 1.0 / (r + 1) as f64)).sum::<f64>() / n);
         }
     }
-    Ok(QaReport { documents: docs.len(), patients: by_patient.len(), budget_tokens, window_words, strategies: reports })
+    let abstracts = strategies.iter().any(|s| s.starts_with("tree+llm")).then_some(llm_summaries);
+    Ok(QaReport {
+        documents: docs.len(),
+        patients: by_patient.len(),
+        budget_tokens,
+        window_words,
+        strategies: reports,
+        abstracts,
+    })
 }
 
 fn bare(patient: &str) -> &str {
@@ -752,6 +800,52 @@ async fn index_chunks(
         }
     }
     Ok((chunks, vectors))
+}
+
+/// Abstractive summaries of a patient's tree (`tree+llm`), as `index::abstracts` writes them: lowest level first,
+/// a level-1 node from its chunks' text, a higher one from its members' abstracts (or, where none was written,
+/// their extractive text), cut to `input` tokens; one request per node. `None` where the LLM failed or answered
+/// nothing; `tally` counts (written, not written).
+async fn abstracts(
+    l: &EvalLlm<'_>,
+    input: usize,
+    nodes: &[raptor::Node],
+    chunk_text: &HashMap<String, String>,
+    count: &dyn Fn(&str) -> usize,
+    tally: &mut (usize, usize),
+) -> Vec<Option<String>> {
+    let mut out: Vec<Option<String>> = vec![None; nodes.len()];
+    let mut by_id: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        by_id.insert(n.id.as_str(), i);
+    }
+    let mut levels: Vec<usize> = nodes.iter().map(|n| n.level).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    for level in levels {
+        let asks = nodes.iter().enumerate().filter(|(_, n)| n.level == level).map(|(i, n)| {
+            let members: Vec<String> = n
+                .children
+                .iter()
+                .filter_map(|c| match by_id.get(c.as_str()) {
+                    Some(&j) => out[j].clone().or_else(|| Some(nodes[j].text())),
+                    None => chunk_text.get(c).cloned(),
+                })
+                .collect();
+            let messages =
+                crate::query::answer::summary_messages(l.templates, &crate::query::answer::fit(members, input, count));
+            async move { (i, l.llm.chat(&messages, None).await) }
+        });
+        for (i, r) in futures_util::future::join_all(asks).await {
+            out[i] = r.ok().and_then(|c| crate::query::answer::summary_of(&c.content));
+            if out[i].is_some() {
+                tally.0 += 1;
+            } else {
+                tally.1 += 1;
+            }
+        }
+    }
+    out
 }
 
 /// `tree` with the configured parameters; `tree:128` with summaries of that many tokens. (`tree@mean`: summaries
@@ -816,51 +910,54 @@ fn chunk_all(docs: &[Document]) -> Vec<Chunk> {
 }
 
 /// BM25 (k1 = 1.2, b = 0.75) over the chunks, statistics from the whole corpus.
+/// BM25 as the stores score it: the store's own sparse vectors (`store::bm25`: Qdrant's tokenizer, stemmer and
+/// stopwords, the document side's term-frequency saturation) times Qdrant's IDF modifier over every chunk of the set,
+/// so that `bm25` and `hybrid` here rank what `/v1/search` would rank.
 struct Bm25 {
-    tf: Vec<HashMap<String, f32>>,
-    len: Vec<f32>,
-    avg: f32,
-    idf: HashMap<String, f32>,
+    encoder: qdrant_edge::bm25_embed::EdgeBm25,
+    docs: Vec<HashMap<u32, f32>>,
+    idf: HashMap<u32, f32>,
 }
 
 impl Bm25 {
-    fn terms(text: &str) -> Vec<String> {
-        text.split(|c: char| !c.is_alphanumeric()).filter(|w| w.len() > 1).map(str::to_lowercase).collect()
-    }
-
-    fn new(texts: &[&str]) -> Bm25 {
-        let mut tf = Vec::with_capacity(texts.len());
-        let mut len = Vec::with_capacity(texts.len());
-        let mut df: HashMap<String, f32> = HashMap::new();
-        for t in texts {
-            let terms = Self::terms(t);
-            len.push(terms.len() as f32);
-            let mut counts: HashMap<String, f32> = HashMap::new();
-            for w in terms {
-                *counts.entry(w).or_default() += 1.0;
-            }
-            for w in counts.keys() {
-                *df.entry(w.clone()).or_default() += 1.0;
-            }
-            tf.push(counts);
-        }
-        let n = texts.len() as f32;
-        let idf = df.into_iter().map(|(w, d)| (w, ((n - d + 0.5) / (d + 0.5) + 1.0).ln())).collect();
-        let avg = len.iter().sum::<f32>() / n.max(1.0);
-        Bm25 { tf, len, avg, idf }
-    }
-
-    fn score(&self, chunk: usize, terms: &[String]) -> f32 {
-        let (k1, b) = (1.2, 0.75);
-        terms
+    fn new(texts: &[&str], avg_len: f64) -> Result<Bm25, crate::store::StoreError> {
+        let encoder = crate::store::bm25::encoder(avg_len)?;
+        let mut df: HashMap<u32, f32> = HashMap::new();
+        let docs: Vec<HashMap<u32, f32>> = texts
             .iter()
             .map(|t| {
-                let f = self.tf[chunk].get(t).copied().unwrap_or(0.0);
-                let idf = self.idf.get(t).copied().unwrap_or(0.0);
-                idf * f * (k1 + 1.0) / (f + k1 * (1.0 - b + b * self.len[chunk] / self.avg.max(1.0)))
+                let v = crate::store::bm25::sparse_document(&encoder, t);
+                for &i in &v.indices {
+                    *df.entry(i).or_default() += 1.0;
+                }
+                v.indices.into_iter().zip(v.values).collect()
+            })
+            .collect();
+        let n = texts.len() as f32;
+        let idf = df.into_iter().map(|(i, d)| (i, idf(n, d))).collect();
+        Ok(Bm25 { encoder, docs, idf })
+    }
+
+    fn query(&self, text: &str) -> crate::store::Sparse {
+        crate::store::bm25::sparse_query(&self.encoder, text)
+    }
+
+    fn score(&self, chunk: usize, query: &crate::store::Sparse) -> f32 {
+        query
+            .indices
+            .iter()
+            .zip(&query.values)
+            .map(|(i, q)| {
+                let d = self.docs[chunk].get(i).copied().unwrap_or(0.0);
+                q * d * self.idf.get(i).copied().unwrap_or(0.0)
             })
             .sum()
     }
+}
+
+/// Qdrant's IDF modifier: `ln((N − n + 0.5) / (n + 0.5) + 1)` for a term in `n` of `N` points.
+fn idf(n: f32, df: f32) -> f32 {
+    ((n - df + 0.5) / (df + 0.5) + 1.0).ln()
 }
 
 /// Multi-note questions built from a record set (`clinstream-lab eval qa-multi`), where RAPTOR's tree is meant to
@@ -951,4 +1048,39 @@ pub fn multi_note_questions(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bm25_scores_as_the_store_does_stems_stopwords_and_idf() {
+        let texts = [
+            "Small bilateral pleural effusions.",
+            "Is there anything of note here? There is.",
+            "The heart rate was regular; heart sounds normal.",
+            "Pleural thickening at the apex.",
+        ];
+        let b = Bm25::new(&texts, 10.0).unwrap();
+        let q = b.query("Is there a pleural effusion?");
+        let scores: Vec<f32> = (0..texts.len()).map(|c| b.score(c, &q)).collect();
+        // Stemmed: "effusion" finds "effusions"; two terms beat one.
+        assert!(scores[0] > scores[3] && scores[3] > 0.0, "{scores:?}");
+        // Stopwords ("is", "there", "a") match nothing, so a note of nothing but them is no candidate.
+        assert_eq!(scores[1], 0.0, "{scores:?}");
+        assert_eq!(scores[2], 0.0, "{scores:?}");
+        // A rarer term weighs more: "effusion" (1 of 4 chunks) against "pleural" (2 of 4).
+        assert!(idf(4.0, 1.0) > idf(4.0, 2.0));
+        assert!((idf(4.0, 1.0) - ((4.0f32 - 1.0 + 0.5) / 1.5 + 1.0).ln()).abs() < 1e-6);
+        // The same text scores the same through the store's encoder as the store would index it.
+        let doc = crate::store::bm25::sparse_document(&b.encoder, texts[0]);
+        let direct: f32 = q
+            .indices
+            .iter()
+            .zip(&q.values)
+            .filter_map(|(i, v)| doc.indices.iter().position(|d| d == i).map(|p| v * doc.values[p] * b.idf[i]))
+            .sum();
+        assert!((direct - scores[0]).abs() < 1e-6);
+    }
 }

@@ -1,15 +1,19 @@
-//! The generative step over a CLEAR context: the prompt an LLM answers from, the JSON it must answer with, and the
-//! check of what it answered. Pure: the call itself is `llm::Llm::chat`'s, the context `Reader::context`'s.
+//! The generative steps' prompts: an answer over a CLEAR context, and RAPTOR's abstractive summaries. Pure: the
+//! call itself is `llm::Llm::chat`'s, the context `Reader::context`'s, the tree `query::raptor`'s.
 //!
-//! In: the question, the patient's context (`ContextResponse`: windows, then the fill or fallback chunks) and the
-//! prompt templates. The passages are numbered `[1]`…`[n]` in context order; the model sees nothing else — only
-//! this patient's passages, which the context's patient filter already guarantees. Out: the answer, its status
+//! Answers. In: the question, the patient's context (`ContextResponse`: windows, then the fill or fallback chunks)
+//! and the prompt templates. The passages are numbered `[1]`…`[n]` in context order; the model sees nothing else —
+//! only this patient's passages, which the context's patient filter already guarantees. Out: the answer, its status
 //! (`present` | `absent` | `uncertain` | `not_mentioned`, as the rule vote says it) and citations that each name
 //! a passage of this context by number; a citation of any other number is refused (dropped and counted), never
 //! passed on.
 //!
+//! Summaries (`raptor.abstractive`). In: the texts of one summary node's members (its chunks, or the summaries of
+//! the level below) — one patient's, cut to `raptor.abstract_input_tokens`. Out: one paragraph of plain text, or
+//! nothing when the model answered nothing usable.
+//!
 //! Templates: `llm.prompt_dir` may hold `answer.system.txt` and `answer.user.txt` (placeholders `{question}` and
-//! `{passages}`); the built-in ones are used otherwise.
+//! `{passages}`), `summary.system.txt` and `summary.user.txt` (`{passages}`); the built-in ones are used otherwise.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -39,31 +43,47 @@ impl Default for Templates {
     }
 }
 
+/// The built-in system prompt of a summary.
+pub const SUMMARY_SYSTEM: &str = "You summarise passages from one patient's clinical notes. Using only what the \
+    passages state, write one paragraph that keeps the findings, diagnoses, medications, procedures and results, \
+    with their negations, uncertainty and dates. Add nothing the passages do not say. Write the summary only.";
+
+/// The built-in user prompt of a summary.
+pub const SUMMARY_USER: &str = "Passages:\n{passages}\n\nSummary:";
+
 impl Templates {
-    /// From `dir` (`answer.system.txt`, `answer.user.txt`; each optional), or the built-in ones for an empty `dir`.
-    /// A user template without `{passages}` is refused: the model would answer from nothing.
+    /// The answer's templates from `dir` (`answer.system.txt`, `answer.user.txt`; each optional), or the built-in
+    /// ones for an empty `dir`. A user template without `{passages}` is refused: the model would answer from nothing.
     pub fn load(dir: &str) -> Result<Templates, String> {
-        let mut t = Templates::default();
+        Self::load_named(dir, "answer", Templates::default())
+    }
+
+    /// The summary's templates (`summary.system.txt`, `summary.user.txt`), as `load`.
+    pub fn load_summary(dir: &str) -> Result<Templates, String> {
+        Self::load_named(dir, "summary", Templates { system: SUMMARY_SYSTEM.into(), user: SUMMARY_USER.into() })
+    }
+
+    fn load_named(dir: &str, name: &str, mut t: Templates) -> Result<Templates, String> {
         if dir.trim().is_empty() {
             return Ok(t);
         }
         let dir = std::path::Path::new(dir.trim());
-        let read = |name: &str| -> Result<Option<String>, String> {
-            let p = dir.join(name);
+        let read = |file: String| -> Result<Option<String>, String> {
+            let p = dir.join(file);
             match std::fs::read_to_string(&p) {
                 Ok(s) => Ok(Some(s)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(format!("llm.prompt_dir: {}: {e}", p.display())),
             }
         };
-        if let Some(s) = read("answer.system.txt")? {
+        if let Some(s) = read(format!("{name}.system.txt"))? {
             t.system = s;
         }
-        if let Some(u) = read("answer.user.txt")? {
+        if let Some(u) = read(format!("{name}.user.txt"))? {
             t.user = u;
         }
         if !t.user.contains("{passages}") {
-            return Err("llm.prompt_dir: answer.user.txt must hold {passages}".into());
+            return Err(format!("llm.prompt_dir: {name}.user.txt must hold {{passages}}"));
         }
         Ok(t)
     }
@@ -134,6 +154,61 @@ pub fn messages(t: &Templates, question: &str, passages: &[Passage]) -> Vec<Mess
     }
     let user = fill(&t.user, question.trim(), listed.trim_end());
     vec![Message { role: "system".into(), content: t.system.clone() }, Message { role: "user".into(), content: user }]
+}
+
+/// The system and user messages asking for one summary of `passages` (each a member's text, in the order given).
+pub fn summary_messages(t: &Templates, passages: &[String]) -> Vec<Message> {
+    let listed: Vec<&str> = passages.iter().map(|p| p.trim()).filter(|p| !p.is_empty()).collect();
+    let user = fill(&t.user, "", &listed.join("\n\n"));
+    vec![Message { role: "system".into(), content: t.system.clone() }, Message { role: "user".into(), content: user }]
+}
+
+/// The passages that fit `budget` tokens (`count`), in order, up to the first that does not; the first is cut to
+/// fit when it alone does not.
+pub fn fit(passages: Vec<String>, budget: usize, count: &dyn Fn(&str) -> usize) -> Vec<String> {
+    let mut left = budget;
+    let mut out = Vec::new();
+    for p in passages {
+        let t = count(&p);
+        if t <= left {
+            left -= t;
+            out.push(p);
+            continue;
+        }
+        if out.is_empty() {
+            let mut end = p.len() * left / t.max(1);
+            while !p.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.push(p[..end].to_string());
+        }
+        break;
+    }
+    out
+}
+
+/// The longest summary kept (characters); a longer completion is cut at the last sentence end before it.
+pub const MAX_SUMMARY_CHARS: usize = 4000;
+
+/// A completion as a summary: trimmed, a leading "Summary:" dropped, cut to `MAX_SUMMARY_CHARS` at a sentence end;
+/// `None` when nothing is left.
+pub fn summary_of(content: &str) -> Option<String> {
+    let mut s = content.trim();
+    for label in ["Summary:", "summary:", "SUMMARY:"] {
+        if let Some(rest) = s.strip_prefix(label) {
+            s = rest.trim_start();
+        }
+    }
+    if s.len() > MAX_SUMMARY_CHARS {
+        let mut cut = MAX_SUMMARY_CHARS;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let head = &s[..cut];
+        s = head.rfind(". ").map_or(head, |i| &head[..=i]);
+    }
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_string())
 }
 
 /// The template with `{question}` and `{passages}` filled in one pass: text that comes in (a question holding the
@@ -272,6 +347,46 @@ mod tests {
         assert_eq!(s["properties"]["citations"]["maxItems"], 3);
         assert_eq!(s["properties"]["answer"]["maxLength"], MAX_ANSWER_CHARS);
         assert_eq!(s["required"], json!(["answer", "status", "citations"]));
+    }
+
+    #[test]
+    fn a_summary_prompt_holds_the_passages_and_a_summary_is_cleaned() {
+        let t = Templates::load_summary("").unwrap();
+        assert_eq!((t.system.as_str(), t.user.as_str()), (SUMMARY_SYSTEM, SUMMARY_USER));
+        let m = summary_messages(&t, &[" Mild cardiomegaly. ".into(), String::new(), "No effusion {question}.".into()]);
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[1].content, "Passages:\nMild cardiomegaly.\n\nNo effusion {question}.\n\nSummary:");
+        assert_eq!(
+            summary_of("  Summary: Mild cardiomegaly; no effusion.\n"),
+            Some("Mild cardiomegaly; no effusion.".into())
+        );
+        assert_eq!(summary_of(" \n "), None);
+        assert_eq!(summary_of("Summary:"), None);
+        let long = "Stable findings. ".repeat(400);
+        let cut = summary_of(&long).unwrap();
+        assert!(cut.len() <= MAX_SUMMARY_CHARS && cut.ends_with('.'), "{}", cut.len());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("summary.user.txt"), "Summarise: {passages}").unwrap();
+        let t = Templates::load_summary(&dir.path().display().to_string()).unwrap();
+        assert_eq!((t.system.as_str(), t.user.as_str()), (SUMMARY_SYSTEM, "Summarise: {passages}"));
+        // The answer's templates are not the summary's.
+        assert_eq!(Templates::load(&dir.path().display().to_string()).unwrap(), Templates::default());
+        std::fs::write(dir.path().join("summary.user.txt"), "Summarise.").unwrap();
+        assert!(Templates::load_summary(&dir.path().display().to_string()).unwrap_err().contains("summary.user.txt"));
+    }
+
+    #[test]
+    fn passages_fit_the_budget_in_order() {
+        let words = |t: &str| t.split_whitespace().count();
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(fit(p(&["a b", "c d e", "f"]), 5, &words), p(&["a b", "c d e"]));
+        // Stops at the first that does not fit, though a later one would.
+        assert_eq!(fit(p(&["a b", "c d e f", "g"]), 4, &words), p(&["a b"]));
+        // A first passage over the budget is cut to about the budget.
+        let cut = fit(p(&["one two three four five six seven eight"]), 4, &words);
+        assert_eq!(cut.len(), 1);
+        assert!(words(&cut[0]) <= 5 && cut[0].starts_with("one two"), "{cut:?}");
+        assert!(fit(Vec::new(), 4, &words).is_empty());
     }
 
     #[test]

@@ -48,6 +48,23 @@ pub const WINDOW: &str = "window";
 /// The `record` payload value of RAPTOR's summary points (`query::raptor`): one patient's, never a document's
 /// (no `doc_id`: a summary quotes several notes, `doc_ids`), replaced as a whole when the patient's tree is rebuilt.
 pub const SUMMARY: &str = "summary";
+/// Every payload field of a summary point (`index`: the tree's rebuild and its abstractive summaries rewrite them).
+pub const SUMMARY_FIELDS: &[&str] = &[
+    "record",
+    "patient",
+    "level",
+    "children",
+    "doc_ids",
+    "doc_date",
+    "tokens",
+    "sentences",
+    "model",
+    "worker_version",
+    "text",
+    "abstract",
+    "abstract_model",
+];
+
 /// The payload fields [`Store::leaves`] returns with each chunk's vector: what a tree's leaf is made of.
 pub const LEAF_FIELDS: &[&str] = &["doc_id", "doc_date", "start", "end", "text", "units"];
 
@@ -363,17 +380,15 @@ impl Store {
         }
     }
 
-    /// The dense vectors of a patient's stored summary points, by point id.
-    pub async fn summary_vectors(
-        &self,
-        patient: &str,
-    ) -> Result<std::collections::HashMap<String, Vec<f32>>, StoreError> {
+    /// A patient's stored summary points with their dense vectors and every field of theirs ([`SUMMARY_FIELDS`]),
+    /// by point id.
+    pub async fn summaries(&self, patient: &str) -> Result<std::collections::HashMap<String, Stored>, StoreError> {
         let f = Filters { patient: Some(patient.to_string()), ..Default::default() };
         let found = match self {
-            Store::Embedded(s) => s.scroll_vectors(&f, Record::Summaries, usize::MAX, &["level"]).await?,
-            Store::Server(s) => s.scroll_vectors(&f, Record::Summaries, usize::MAX, &["level"]).await?,
+            Store::Embedded(s) => s.scroll_vectors(&f, Record::Summaries, usize::MAX, SUMMARY_FIELDS).await?,
+            Store::Server(s) => s.scroll_vectors(&f, Record::Summaries, usize::MAX, SUMMARY_FIELDS).await?,
         };
-        Ok(found.into_iter().map(|p| (p.id, p.dense)).collect())
+        Ok(found.into_iter().map(|p| (p.id.clone(), p)).collect())
     }
 
     /// Writes a patient's summary points, then removes the patient's other summary points: the tree is replaced

@@ -74,6 +74,7 @@ pub const AUDIT_RECORDS: &str = "clinstream_audit_records_total";
 pub const LLM_REQUESTS: &str = "clinstream_llm_requests_total";
 pub const LLM_DURATION: &str = "clinstream_llm_request_duration_seconds";
 pub const LLM_CITATIONS_REFUSED: &str = "clinstream_llm_citations_refused_total";
+pub const RAPTOR_ABSTRACTS: &str = "clinstream_raptor_abstracts_total";
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
 pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
 pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
@@ -186,6 +187,10 @@ pub struct Metrics {
     pub llm_duration: Histogram,
     /// Citations the LLM made of passages outside the context it was given (dropped).
     pub llm_citations_refused: IntCounter,
+    /// `outcome`: written | failed | unusable | replaced. Abstractive summaries of RAPTOR's nodes asked of the LLM
+    /// (`raptor.abstractive`): stored; the LLM failed (timeout, unavailable, refused); it answered nothing usable;
+    /// the node was rebuilt away before its summary was stored.
+    pub raptor_abstracts: IntCounterVec,
     /// `outcome`: one of `FETCH_OUTCOMES`. Attachment fetches by reference, each attempt counted.
     pub fhir_fetches: IntCounterVec,
     /// Time of one fetch attempt (connection, response and body), whatever its outcome.
@@ -472,6 +477,14 @@ impl Metrics {
                 IntCounterVec::new(Opts::new(LLM_REQUESTS, "Generations asked of the LLM, by outcome."), &["outcome"])
                     .unwrap(),
             ),
+            raptor_abstracts: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(RAPTOR_ABSTRACTS, "Abstractive summaries of RAPTOR's nodes asked of the LLM, by outcome."),
+                    &["outcome"],
+                )
+                .unwrap(),
+            ),
             llm_duration: register(
                 &r,
                 Histogram::with_opts(
@@ -578,6 +591,9 @@ pub fn metrics() -> &'static Metrics {
         }
         for outcome in ["ok", "timeout", "unavailable", "failed", "unusable"] {
             m.llm_requests.with_label_values(&[outcome]);
+        }
+        for outcome in ["written", "failed", "unusable", "replaced"] {
+            m.raptor_abstracts.with_label_values(&[outcome]);
         }
         for sink in ["kafka", "log"] {
             for outcome in ["delivered", "failed"] {

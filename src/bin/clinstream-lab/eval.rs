@@ -228,10 +228,20 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
                 anyhow::ensure!(
-                    ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree", "tree@mean"]
-                        .contains(&s.as_str())
+                    [
+                        "clear",
+                        "clear-windows",
+                        "dense",
+                        "bm25",
+                        "hybrid",
+                        "hybrid-rrf",
+                        "tree",
+                        "tree@mean",
+                        "tree+llm"
+                    ]
+                    .contains(&s.as_str())
                         || s == "clear+cptf"
-                        || ["tree", "tree@mean"].iter().any(|t| {
+                        || ["tree", "tree@mean", "tree+llm"].iter().any(|t| {
                             s.strip_prefix(t)
                                 .and_then(|r| r.strip_prefix(':'))
                                 .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 16))
@@ -242,7 +252,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@mean, tree[@mean]:TOKENS)"
+                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@mean, tree+llm, tree[@mean|+llm]:TOKENS)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -268,6 +278,19 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                 };
                 let eval_llm =
                     endpoint.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
+                // `tree+llm`: the abstractive summaries' client and templates (without --llm too).
+                let summarizer = if strategy.iter().any(|s| s.starts_with("tree+llm")) {
+                    let client = clinstream::llm::Llm::new(&settings.llm)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        .context("tree+llm needs llm.base_url")?;
+                    let templates = clinstream::query::answer::Templates::load_summary(&settings.llm.prompt_dir)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    Some((client, templates))
+                } else {
+                    None
+                };
+                let summary_llm =
+                    summarizer.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
                 let importance = if strategy.iter().any(|s| s.starts_with("clear+cptf")) {
                     let (embed, file) = (settings.embed.clone(), settings.serve.compress_model_file.clone());
                     Some(
@@ -290,10 +313,12 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     show_errors,
                     chunker: chunker.as_ref(),
                     dense_weight: settings.store.dense_weight,
+                    bm25_avg_len: settings.store.bm25_avg_len,
                     llm: eval_llm.as_ref(),
                     sample: sample as usize,
                     importance: importance.as_ref(),
                     tree: (&settings.raptor).into(),
+                    summaries: summary_llm.as_ref().map(|l| (l, settings.raptor.abstract_input_tokens)),
                 };
                 clinstream::eval::qa::run(&pipeline, &embedder, &run).await.context("evaluating question answering")
             })?;
@@ -301,6 +326,9 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 println!("{} documents, {} patients, budget {} tokens", r.documents, r.patients, r.budget_tokens);
+                if let Some((written, not)) = r.abstracts {
+                    println!("abstractive summaries: {written} written, {not} not (extractive)");
+                }
                 for s in &r.strategies {
                     println!(
                         "{:<13} evidence recall {:.3} ({} with evidence)  accuracy {:.3}  isolation violations {}  \
