@@ -1706,3 +1706,64 @@ async fn cluster_loses_a_peer(n: usize, away: Duration) {
         clock.elapsed().as_secs_f64()
     );
 }
+
+/// Hybrid fusion scales BM25 by the question's IDF mass (`Store::idf_mass`): the store's own IDF of each term —
+/// Qdrant's `ln((N − n + 0.5) / (n + 0.5) + 1)` over the points with a BM25 vector — summed; a term no point holds
+/// adds nothing. Read from the store, so it is the same figure whichever patient asks.
+async fn idf_mass_is_the_stores_own_idf(s: Settings) {
+    use clinstream::store::{Point, bm25, point_id};
+    let store = Store::open(&s.store, 8).await.unwrap();
+    let encoder = bm25::encoder(s.store.bm25_avg_len).unwrap();
+    let texts: Vec<String> = (0..12)
+        .map(|i| match i {
+            0 | 1 => format!("The patient has a small pleural effusion, note {i}."),
+            2..=9 => format!("The patient walked {i} blocks today."),
+            _ => format!("Follow-up visit {i} in clinic."),
+        })
+        .collect();
+    let points: Vec<Point> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let doc_id = format!("idf-{i}");
+            Point {
+                id: point_id(&doc_id, "1", 0),
+                dense: (0..8).map(|k| ((i * 8 + k) as f32).sin()).collect(),
+                sparse: bm25::sparse_document(&encoder, t),
+                payload: serde_json::json!({"doc_id": doc_id, "doc_version": "1", "patient": "Patient/x",
+                                            "record": "chunk", "text": t})
+                .as_object()
+                .unwrap()
+                .clone(),
+            }
+        })
+        .collect();
+    store.upsert(points).await.unwrap();
+    let idf = |n: f32, df: f32| ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
+    let mass = |q: &str| {
+        let (store, query) = (&store, bm25::sparse_query(&encoder, q));
+        async move { store.idf_mass(&query).await.unwrap() }
+    };
+    // "patient" in 10 of 12, "effusion" in 2; "zebra" in none.
+    let expected = idf(12.0, 10.0) + idf(12.0, 2.0);
+    let got = mass("Does the patient have an effusion? zebra").await;
+    assert!((got - expected).abs() < 1e-3, "{got} against {expected}");
+    assert!((mass("effusions").await - idf(12.0, 2.0)).abs() < 1e-3, "stemmed as the documents were");
+    assert_eq!(mass("zebra").await, 0.0);
+    assert_eq!(mass("Is there any?").await, 0.0, "stopwords only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_idf_mass_is_its_own_idf() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    idf_mass_is_the_stores_own_idf(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_idf_mass_is_its_own_idf() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    idf_mass_is_the_stores_own_idf(s).await;
+}

@@ -538,6 +538,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                             as_hits(dense_scored()),
                             as_hits(bm25_scored()),
                             other.strip_prefix("hybrid@").and_then(|w| w.parse().ok()).unwrap_or(dense_weight),
+                            bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
                             usize::MAX,
                         )
                         .into_iter()
@@ -940,6 +941,11 @@ impl Bm25 {
 
     fn query(&self, text: &str) -> crate::store::Sparse {
         crate::store::bm25::sparse_query(&self.encoder, text)
+    }
+
+    /// The query's IDF mass (`store::fuse_by_score`): its terms' IDFs summed, a term in no chunk 0.
+    fn idf_mass(&self, query: &crate::store::Sparse) -> f32 {
+        query.indices.iter().map(|i| self.idf.get(i).copied().unwrap_or(0.0)).sum()
     }
 
     fn score(&self, chunk: usize, query: &crate::store::Sparse) -> f32 {

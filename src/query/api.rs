@@ -110,7 +110,7 @@ pub use super::facts::Fact;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Hit {
     pub id: String,
-    /// Fused hybrid score (`store.dense_weight` × cosine + the rest × scaled BM25; 0 for a neighbour).
+    /// Fused hybrid score (`store.dense_weight` × cosine + the rest × BM25 over the question's IDF mass; 0 for a neighbour).
     pub score: f32,
     /// `doc_id`, `doc_version`, `doc_date`, `patient`, `section`, `text`, `entities`, `prev_chunk_id`,
     /// `next_chunk_id`, ... (docs/embedding.md lists every field).

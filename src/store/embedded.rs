@@ -103,6 +103,17 @@ fn dense_of(v: Option<VectorStructInternal>) -> Vec<f32> {
     }
 }
 
+/// A point's weight for one term of its sparse (BM25) vector; 0 when it has none.
+fn sparse_weight(v: Option<VectorStructInternal>, term: u32) -> f32 {
+    match v {
+        Some(VectorStructInternal::Named(mut m)) => match m.remove(SPARSE) {
+            Some(VectorInternal::Sparse(s)) => s.indices.iter().position(|&i| i == term).map_or(0.0, |k| s.values[k]),
+            _ => 0.0,
+        },
+        _ => 0.0,
+    }
+}
+
 fn doc_of(p: &Point) -> &str {
     p.payload.get("doc_id").and_then(Value::as_str).unwrap_or("")
 }
@@ -560,11 +571,44 @@ impl EmbeddedStore {
         }
         // Hybrid: each vector's candidates ranked across every shard, then fused by score (`fuse_by_score`), as
         // the server store fuses them.
-        let (dense_hits, sparse_hits) =
-            tokio::join!(self.query_all(ranked(dense, candidates)), self.query_all(ranked(sparse, candidates)));
+        let (dense_hits, sparse_hits, mass) = tokio::join!(
+            self.query_all(ranked(dense, candidates)),
+            self.query_all(ranked(sparse, candidates)),
+            self.idf_mass(&q.sparse)
+        );
         let dense_hits = merge_by_score(dense_hits?, candidates);
         let sparse_hits = merge_by_score(sparse_hits?, candidates);
-        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.dense_weight, q.top))
+        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.dense_weight, mass?, q.top))
+    }
+
+    /// `Store::idf_mass`: per term, the best point holding it in each shard (no filter, no payload, its sparse
+    /// vector), the best of the shards read.
+    pub async fn idf_mass(&self, sparse: &super::Sparse) -> Result<f32, StoreError> {
+        let terms: Vec<(u32, f32)> = sparse.indices.iter().copied().zip(sparse.values.iter().copied()).collect();
+        let reads = self.shards.iter().map(|shard| {
+            let terms = terms.clone();
+            shard.read(move |engine| {
+                let mut best = Vec::with_capacity(terms.len());
+                for &(term, weight) in &terms {
+                    let mut request = QueryRequest::new(1);
+                    request.query = Some(ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
+                        query: VectorInternal::Sparse(SparseVector { indices: vec![term], values: vec![weight] }),
+                        using: Some(SPARSE.into()),
+                    })));
+                    request.with_vector = WithVector::Selector(vec![SPARSE.into()]);
+                    let found = engine.query(request).map_err(fatal("query failed"))?;
+                    best.push(found.into_iter().next().map(|p| (p.score, sparse_weight(p.vector, term))));
+                }
+                Ok(best)
+            })
+        });
+        let per_shard = futures_collect(reads).await?;
+        let mut mass = 0.0;
+        for (i, &(_, weight)) in terms.iter().enumerate() {
+            let best = per_shard.iter().filter_map(|s| s[i]).max_by(|a, b| a.0.total_cmp(&b.0));
+            mass += best.map_or(0.0, |(score, d)| super::idf_of(score, weight, d));
+        }
+        Ok(mass)
     }
 
     /// The same query in every shard.

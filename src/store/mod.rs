@@ -348,6 +348,17 @@ impl Store {
         }
     }
 
+    /// The query's IDF mass for hybrid fusion: the sum over its terms of each term's IDF as the store weighs it
+    /// (`idf_of`), read from the best point holding the term in the whole store — any patient's point, of which
+    /// only two numbers are read (its score and its weight for the term), never its payload. A term no point
+    /// holds adds 0.
+    pub async fn idf_mass(&self, sparse: &Sparse) -> Result<f32, StoreError> {
+        match self {
+            Store::Embedded(s) => s.idf_mass(sparse).await,
+            Store::Server(s) => s.idf_mass(sparse).await,
+        }
+    }
+
     /// Chunks in the collection.
     pub async fn count(&self) -> Result<usize, StoreError> {
         self.count_where(&Filters::default(), Record::Chunks).await
@@ -455,17 +466,20 @@ pub(crate) fn except_filter(doc_ids: &[&str], keep: &[uuid::Uuid]) -> Value {
 }
 
 /// Fuses a dense and a sparse ranking of the same query by their scores: a hit scores
-/// `dense_weight × cosine + (1 − dense_weight) × bm25 / best bm25` (each 0 for a list it is not in), best first, ties
+/// `dense_weight × cosine + (1 − dense_weight) × bm25 / idf_mass` (each 0 for a list it is not in), best first, ties
 /// by the rank in the heavier list, then in the other; at most `top`. Cosines are comparable across queries and
-/// lists as they are; BM25 scores are not, so they are scaled by the list's best. Unlike reciprocal rank fusion it
-/// keeps how far apart the scores are, so a weak BM25 match cannot outrank a strong dense one on rank alone, and
-/// an exact term match still counts when the dense scores are close. `dense_weight` 1 is dense alone, 0 BM25 alone.
-/// Pure (tested below).
-pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, dense_weight: f32, top: usize) -> Vec<Hit> {
+/// lists as they are; BM25 scores are not, so they are scaled by the query's IDF mass — the sum of its terms' IDFs
+/// (`Store::idf_mass`), which a chunk holding every term once at the average length scores — so a chunk's share is
+/// how much of the question's rare words it holds: a match of a common word alone ("patient", "heart") counts
+/// little, a match of the rare concept the question names counts fully, even when it is the best BM25 hit either
+/// way (scaling by the list's best, used before, gave a weak best match the full share). Unlike reciprocal rank
+/// fusion it keeps how far apart the scores are. `dense_weight` 1 is dense alone, 0 BM25 alone. Pure (tested
+/// below).
+pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, dense_weight: f32, idf_mass: f32, top: usize) -> Vec<Hit> {
     let w = dense_weight.clamp(0.0, 1.0);
-    let best = sparse.iter().map(|h| h.score).fold(0.0f32, f32::max);
+    let scale = if idf_mass > 0.0 { 1.0 / idf_mass } else { 0.0 };
     let ds: Vec<f32> = dense.iter().map(|h| h.score).collect();
-    let ss: Vec<f32> = sparse.iter().map(|h| if best > 0.0 { h.score / best } else { 0.0 }).collect();
+    let ss: Vec<f32> = sparse.iter().map(|h| h.score * scale).collect();
     // (hit, fused score, dense rank, sparse rank)
     let mut fused: Vec<(Hit, f32, usize, usize)> = Vec::with_capacity(dense.len() + sparse.len());
     let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -501,6 +515,13 @@ pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, dense_weight: f32, top: 
         .collect()
 }
 
+/// A query term's IDF as the store weighs it, from the best point holding it: that point's score for the term
+/// alone is `idf × query weight × document weight` (Qdrant's IDF modifier), so `idf = score / (q × d)`; 0 when no
+/// point holds the term.
+pub(crate) fn idf_of(score: f32, query_weight: f32, doc_weight: f32) -> f32 {
+    if query_weight > 0.0 && doc_weight > 0.0 { score / (query_weight * doc_weight) } else { 0.0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,21 +537,37 @@ mod tests {
         // Dense: a is far better than b; BM25 barely prefers b. RRF would tie them; score fusion keeps a first.
         let dense = vec![hit("a", 0.9), hit("b", 0.3), hit("c", 0.1)];
         let sparse = vec![hit("b", 5.0), hit("a", 4.9), hit("d", 1.0)];
-        assert_eq!(ids(fuse_by_score(dense.clone(), sparse.clone(), 0.5, 10)), ["a", "b", "d", "c"].map(String::from));
+        assert_eq!(
+            ids(fuse_by_score(dense.clone(), sparse.clone(), 0.5, 5.0, 10)),
+            ["a", "b", "d", "c"].map(String::from)
+        );
         // Weight 1 is the dense ranking, weight 0 the BM25 one (hits of the other list after, in their order).
-        assert_eq!(ids(fuse_by_score(dense.clone(), sparse.clone(), 1.0, 4)), ["a", "b", "c", "d"].map(String::from));
-        assert_eq!(ids(fuse_by_score(dense.clone(), sparse.clone(), 0.0, 4)), ["b", "a", "d", "c"].map(String::from));
+        assert_eq!(
+            ids(fuse_by_score(dense.clone(), sparse.clone(), 1.0, 5.0, 4)),
+            ["a", "b", "c", "d"].map(String::from)
+        );
+        assert_eq!(
+            ids(fuse_by_score(dense.clone(), sparse.clone(), 0.0, 5.0, 4)),
+            ["b", "a", "d", "c"].map(String::from)
+        );
         // Close cosines: the exact term match decides (a record of a few chunks, where dense alone guesses).
         let close = vec![hit("hpi", 0.55), hit("plan", 0.52)];
         let term = vec![hit("plan", 3.0)];
-        assert_eq!(ids(fuse_by_score(close, term, 0.8, 1)), ["plan"]);
+        assert_eq!(ids(fuse_by_score(close.clone(), term.clone(), 0.8, 3.0, 1)), ["plan"]);
+        // The same best BM25 hit when it holds only a common word of the question (IDF mass 30: the rare words
+        // are elsewhere or nowhere): it counts for little, and the dense order stands.
+        assert_eq!(ids(fuse_by_score(close, term, 0.8, 30.0, 1)), ["hpi"]);
         // Fused scores, best first, at most `top`; no BM25 hit leaves the dense order and scores scaled by weight.
-        let f = fuse_by_score(dense.clone(), sparse, 0.7, 2);
+        let f = fuse_by_score(dense.clone(), sparse.clone(), 0.7, 5.0, 2);
         assert_eq!(f.len(), 2);
         assert!(f[0].score >= f[1].score && f[0].score <= 1.0);
-        let alone = fuse_by_score(dense, Vec::new(), 0.5, 10);
+        let alone = fuse_by_score(dense.clone(), Vec::new(), 0.5, 5.0, 10);
         assert_eq!(ids(alone.clone()), ["a", "b", "c"].map(String::from));
         assert_eq!(alone[0].score, 0.45);
+        // No IDF mass (no term of the question in the store): the BM25 list adds nothing.
+        assert_eq!(ids(fuse_by_score(dense, sparse, 0.5, 0.0, 3)), ["a", "b", "c"].map(String::from));
+        assert_eq!(idf_of(6.0, 1.0, 2.0), 3.0);
+        assert_eq!(idf_of(6.0, 1.0, 0.0), 0.0);
     }
 
     #[test]

@@ -403,10 +403,35 @@ impl ServerStore {
             dense = dense.filter(f.clone());
             sparse = sparse.filter(f);
         }
-        let (dense, sparse) = tokio::join!(self.client.query(dense), self.client.query(sparse));
+        let (dense, sparse, mass) =
+            tokio::join!(self.client.query(dense), self.client.query(sparse), self.idf_mass(&q.sparse));
         let dense = dense.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
         let sparse = sparse.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
-        Ok(super::fuse_by_score(dense, sparse, self.dense_weight, q.top))
+        Ok(super::fuse_by_score(dense, sparse, self.dense_weight, mass?, q.top))
+    }
+
+    /// `Store::idf_mass`: per term (asked at once), the best point holding it (no filter, no payload, its sparse
+    /// vector).
+    pub async fn idf_mass(&self, sparse: &super::Sparse) -> Result<f32, StoreError> {
+        use qdrant_client::qdrant::{VectorsSelector, vector_output::Vector};
+        let asks = sparse.indices.iter().zip(&sparse.values).map(|(&term, &weight)| {
+            let request = QueryPointsBuilder::new(&self.collection)
+                .query(QQuery::new_nearest(qdrant_client::qdrant::VectorInput::new_sparse(vec![term], vec![weight])))
+                .using(SPARSE)
+                .limit(1)
+                .with_payload(false)
+                .with_vectors(VectorsSelector { names: vec![SPARSE.to_string()] });
+            async move {
+                let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
+                let Some(p) = found.result.into_iter().next() else { return Ok(0.0) };
+                let d = match p.vectors.and_then(|v| v.get_vector_by_name(SPARSE)) {
+                    Some(Vector::Sparse(v)) => v.indices.iter().position(|&i| i == term).map_or(0.0, |k| v.values[k]),
+                    _ => 0.0,
+                };
+                Ok::<f32, StoreError>(super::idf_of(p.score, weight, d))
+            }
+        });
+        Ok(futures_util::future::try_join_all(asks).await?.into_iter().sum())
     }
 
     /// The ids of the `top` nearest points by the dense vector alone, searched as `how` says (the quantization
