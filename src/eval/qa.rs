@@ -282,7 +282,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     // Per strategy: the sum of the evidence-note shares and the multi-note questions counted.
     let mut notes_reached = vec![(0f64, 0usize); reports.len()];
     // `tree`: each patient's summary nodes, built on first use.
-    let mut trees: HashMap<String, (Vec<raptor::Node>, Vec<usize>)> = HashMap::new();
+    // Each tree's nodes, their tokens in the budget and (`tree+llm`) their abstracts.
+    #[allow(clippy::type_complexity)]
+    let mut trees: HashMap<String, (Vec<raptor::Node>, Vec<usize>, Vec<Option<String>>)> = HashMap::new();
     // `tree+llm`: abstracts written, and asked for without an answer.
     let mut llm_summaries = (0usize, 0usize);
     for q in &questions {
@@ -418,6 +420,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                             format!("{level}:{}", children.join(","))
                         });
                         let mut tokens: Vec<usize> = built.iter().map(raptor::Node::tokens).collect();
+                        let mut written_abstracts: Vec<Option<String>> = vec![None; built.len()];
                         if tree_strategy.starts_with("tree+llm") {
                             // Abstractive summaries as the worker writes them: each node's members' texts (chunks,
                             // or the abstracts below) to the LLM, the abstract embedded and counted in the budget;
@@ -442,6 +445,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                                 built[*i].vector = v;
                                 tokens[*i] = count(t);
                             }
+                            written_abstracts = texts;
                         } else if !tree_strategy.starts_with("tree@mean") {
                             // The summaries' own text embedded, as the indexer stores them (`tree@mean`: kept as
                             // their members' mean vector).
@@ -451,9 +455,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                                 n.vector = v;
                             }
                         }
-                        trees.insert(key.clone(), (built, tokens));
+                        trees.insert(key.clone(), (built, tokens, written_abstracts));
                     }
-                    let (nodes, node_tokens) = &trees[&key];
+                    let (nodes, node_tokens, node_abstracts) = &trees[&key];
                     let own_chunks: Vec<usize> =
                         own.iter().flat_map(|d| chunks_of.get(d).into_iter().flatten().copied()).collect();
                     let texts: Vec<String> = own_chunks
@@ -493,10 +497,23 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     let chosen = raptor::collapsed(&qv, &candidates, budget_tokens);
                     let items: Vec<Vec<(usize, usize, usize)>> = chosen.iter().map(|&i| spans_of(i)).collect();
                     let status = vote_over(&items);
-                    let pieces = items
+                    // What the context holds: a chunk's text, a summary's sentences — or its abstract, once written
+                    // (then the evidence is in the context only where the abstract quotes it).
+                    let pieces = chosen
                         .iter()
-                        .flatten()
-                        .map(|&(d, a, b)| (d, docs.get(d).map_or(String::new(), |d| d.note.text[a..b].to_string())))
+                        .zip(&items)
+                        .flat_map(|(&i, spans)| {
+                            let written = i.checked_sub(own_chunks.len()).and_then(|n| node_abstracts[n].as_ref());
+                            match written {
+                                Some(a) => vec![(spans.first().map_or(usize::MAX, |s| s.0), a.clone())],
+                                None => spans
+                                    .iter()
+                                    .map(|&(d, a, b)| {
+                                        (d, docs.get(d).map_or(String::new(), |d| d.note.text[a..b].to_string()))
+                                    })
+                                    .collect(),
+                            }
+                        })
                         .collect();
                     (pieces, status)
                 }
