@@ -21,12 +21,13 @@
 //!   stored (`windows`; the indexer builds them there too), CLEAR context assembly across a patient's notes
 //!   (windows, section weights, copy-forward, budget, answer), the patient's facts, the label index, and
 //!   `Reader`, which runs it over the embedder and the store for one request (`context`, `search`).
-//! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions).
-//! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
 //! * `fhir` — the FHIR client: attachments fetched by reference (bearer or SMART Backend Services auth, retries,
 //!   per-host limits).
-//! * `llm` — the LLM client of the generative step: one OpenAI-compatible chat-completions endpoint (deadline,
+//! * `llm` — the LLM client of the generative steps: one OpenAI-compatible chat-completions endpoint (deadline,
 //!   retries, concurrency limit; prompts and completions never logged).
+//! * `index` — per document: units → SEOS/fixed chunks → vectors → points in the store (ids, versions); RAPTOR's
+//!   trees and, in the background, their abstractive summaries.
+//! * `kafka` — Kafka client plumbing: client config, topic admin, Schema Registry.
 //! * `source` — intakes: `file` (NDJSON, Bundles, Bulk FHIR, stdin) and `kafka` (consumer group).
 //! * `sink` — outputs: `file` (NDJSON files) and `kafka` (producer, dead letters, the commit step).
 //! * `ack` — the ack core: per-partition watermarks, assigned set, committed ledger, dead-letter guard.
