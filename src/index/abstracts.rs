@@ -153,7 +153,7 @@ impl Abstracts {
             let _running = lane.run.lock().await;
             retry_store(parts.halt_after, || parts.store.summaries(patient)).await.map_err(code)?
         };
-        let mut todo: Vec<&Stored> = snapshot.values().filter(|s| !has_abstract(s)).collect();
+        let mut todo: Vec<&Stored> = snapshot.values().filter(|s| !has_abstract(&s.payload)).collect();
         if todo.is_empty() {
             return Ok(());
         }
@@ -215,7 +215,7 @@ impl Abstracts {
         for (id, s) in current {
             let Ok(point_id) = id.parse() else { continue };
             let Stored { mut payload, mut dense, .. } = s;
-            if !has_abstract_payload(&payload)
+            if !has_abstract(&payload)
                 && let Some((text, model)) = written.remove(&id)
             {
                 payload.insert("abstract".into(), text.into());
@@ -281,11 +281,7 @@ fn children(s: &Stored) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn has_abstract(s: &Stored) -> bool {
-    has_abstract_payload(&s.payload)
-}
-
-fn has_abstract_payload(p: &serde_json::Map<String, Value>) -> bool {
+fn has_abstract(p: &serde_json::Map<String, Value>) -> bool {
     p.get("abstract").and_then(Value::as_str).is_some_and(|a| !a.is_empty())
 }
 

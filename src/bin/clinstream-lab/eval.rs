@@ -266,29 +266,31 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     _ => None,
                 };
                 let window = settings.clear.window_words;
-                let endpoint = if llm {
+                // The LLM client with one set of templates, when `wanted` (`why` names what needs it).
+                let endpoint = |wanted: bool,
+                                why: &str,
+                                load: fn(&str) -> Result<clinstream::query::answer::Templates, String>|
+                 -> anyhow::Result<
+                    Option<(clinstream::llm::Llm, clinstream::query::answer::Templates)>,
+                > {
+                    if !wanted {
+                        return Ok(None);
+                    }
                     let client = clinstream::llm::Llm::new(&settings.llm)
                         .map_err(|e| anyhow::anyhow!("{e}"))?
-                        .context("--llm needs llm.base_url")?;
-                    let templates = clinstream::query::answer::Templates::load(&settings.llm.prompt_dir)
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
-                    Some((client, templates))
-                } else {
-                    None
+                        .with_context(|| format!("{why} needs llm.base_url"))?;
+                    let templates = load(&settings.llm.prompt_dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    Ok(Some((client, templates)))
                 };
+                let answers = endpoint(llm, "--llm", clinstream::query::answer::Templates::load)?;
                 let eval_llm =
-                    endpoint.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
+                    answers.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
                 // `tree+llm`: the abstractive summaries' client and templates (without --llm too).
-                let summarizer = if strategy.iter().any(|s| s.starts_with("tree+llm")) {
-                    let client = clinstream::llm::Llm::new(&settings.llm)
-                        .map_err(|e| anyhow::anyhow!("{e}"))?
-                        .context("tree+llm needs llm.base_url")?;
-                    let templates = clinstream::query::answer::Templates::load_summary(&settings.llm.prompt_dir)
-                        .map_err(|e| anyhow::anyhow!("{e}"))?;
-                    Some((client, templates))
-                } else {
-                    None
-                };
+                let summarizer = endpoint(
+                    strategy.iter().any(|s| s.starts_with("tree+llm")),
+                    "tree+llm",
+                    clinstream::query::answer::Templates::load_summary,
+                )?;
                 let summary_llm =
                     summarizer.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
                 let importance = if strategy.iter().any(|s| s.starts_with("clear+cptf")) {
