@@ -116,12 +116,17 @@ e2e)
   done
   ;;
 worker)
-  # The chart's GPU settings (a key already in the environment wins).
-  export CLINSTREAM__EMBED__MODEL_FILE=${CLINSTREAM__EMBED__MODEL_FILE:-model.fp16.onnx}
-  export CLINSTREAM__EMBED__BATCH_TOKENS=${CLINSTREAM__EMBED__BATCH_TOKENS:-65536}
-  export CLINSTREAM__EMBED__MAX_BATCH=${CLINSTREAM__EMBED__MAX_BATCH:-1024}
-  export CLINSTREAM__PIPELINE__IN_FLIGHT=${CLINSTREAM__PIPELINE__IN_FLIGHT:-512}
-  export CLINSTREAM__STORE__SHARDS=${CLINSTREAM__STORE__SHARDS:-$(python3 -c 'import sys,re; t=open(sys.argv[1]).read(); m=re.search(r"store\.shards:\s*\"?(\d+)", t); print(m.group(1) if m else 1)' helm/clinstream/values.yaml)}
+  # The chart's GPU settings (gpu.settings in helm/clinstream/values.yaml), each as its CLINSTREAM__ variable; a key
+  # already in the environment wins.
+  eval "$(python3 - helm/clinstream/values.yaml <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+block = re.search(r"^gpu:\n(?:.*\n)*?  settings:\n((?:    .*\n|\s*\n)+)", text, re.M).group(1)
+for key, value in re.findall(r'^    ([a-z_.]+):\s*"?([^"\n]+?)"?\s*$', block, re.M):
+    var = "CLINSTREAM__" + key.upper().replace(".", "__")
+    print(f'export {var}="${{{var}:-{value}}}"')
+PY
+)"
   N=${WORKER_NOTES:-4966}
   # WORKER_REPEAT copies of the notes, each copy under its own ids (a longer run; default 1).
   python3 -c 'import sys, json; sys.path.insert(0, "bench"); import kafka_e2e

@@ -284,8 +284,8 @@ fn the_helm_chart_renders_and_lints() {
         "CLINSTREAM__EMBED__EXECUTION_PROVIDER: \"cuda\"",
         "CLINSTREAM__EMBED__MODEL_FILE: \"model.fp16.onnx\"",
         "CLINSTREAM__EMBED__BATCH_TOKENS: \"65536\"",
-        "CLINSTREAM__PIPELINE__IN_FLIGHT: \"512\"",
-        "CLINSTREAM__STORE__SHARDS: \"16\"",
+        "CLINSTREAM__PIPELINE__IN_FLIGHT: \"1024\"",
+        "CLINSTREAM__STORE__SHARDS: \"32\"",
     ] {
         assert!(configmap.contains(expected), "GPU values lack {expected}: {configmap}");
     }
