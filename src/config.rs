@@ -67,6 +67,10 @@ pub struct RaptorSettings {
     pub abstractive: bool,
     /// Tokens of the members' texts one abstractive summary is written from, at most.
     pub abstract_input_tokens: usize,
+    /// CPTF-compressed extractive summaries: the share of each summary sentence's tokens kept (0 = off), by the
+    /// token-importance model of `serve.compress_model_file`; the sentences are picked against
+    /// `summary_tokens / compress`, so a summary of the same size quotes more of its cluster.
+    pub compress: f32,
 }
 
 /// The LLM of the generative step (`POST /v1/answer`): an OpenAI-compatible chat-completions endpoint
@@ -836,6 +840,9 @@ impl Settings {
         if r.abstract_input_tokens < 64 {
             problems.push("raptor.abstract_input_tokens: must be at least 64".into());
         }
+        if !(0.0..=1.0).contains(&r.compress) {
+            problems.push("raptor.compress: must be between 0 (off) and 1".into());
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             problems.push(format!("log.level: not a valid filter ({e})"));
         }
@@ -1281,6 +1288,7 @@ mod tests {
                 ("CLINSTREAM__RAPTOR__SUMMARY_TOKENS", "8"),
                 ("CLINSTREAM__RAPTOR__ABSTRACTIVE", "true"),
                 ("CLINSTREAM__RAPTOR__ABSTRACT_INPUT_TOKENS", "10"),
+                ("CLINSTREAM__RAPTOR__COMPRESS", "1.5"),
             ]),
         )
         .unwrap_err();
@@ -1294,6 +1302,7 @@ mod tests {
             "raptor.summary_tokens: must be at least 16",
             "raptor.abstractive: needs raptor.enabled and an LLM (llm.base_url)",
             "raptor.abstract_input_tokens: must be at least 64",
+            "raptor.compress: must be between 0 (off) and 1",
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }

@@ -67,6 +67,8 @@ struct Trees {
     lanes: std::sync::Mutex<std::collections::HashMap<String, Arc<TreeLane>>>,
     /// `raptor.abstractive`: the LLM's summaries, asked for after each rebuild (`abstracts`).
     abstracts: Option<Arc<abstracts::Abstracts>>,
+    /// `raptor.compress`: CPTF's token-importance model, which compresses each new summary's sentences.
+    importance: Option<Arc<crate::embed::importance::Importance>>,
 }
 
 /// One patient's rebuilds: requests counted, the last request a finished rebuild covered, one rebuild at a time.
@@ -103,12 +105,32 @@ impl Trees {
     ) -> (Vec<Point>, Vec<(usize, Vec<u32>)>) {
         let members: Vec<query::raptor::Member> = leaves.into_iter().map(leaf_member).collect();
         let id = |level: usize, children: &[String]| store::summary_id(patient, level, children).to_string();
-        let nodes = query::raptor::build(&members, &self.params, &id);
+        let mut nodes = query::raptor::build(&members, &self.params, &id);
+        // A stored node is reused (its text, tokens and vector) when it was built the same way: the same id is the
+        // same sentences, and `compressed` says whether they were compressed.
+        let compressing = self.importance.is_some();
+        let reused = |id: &str| {
+            stored
+                .get(id)
+                .filter(|k| k.payload.get("compressed").and_then(Value::as_bool).unwrap_or(false) == compressing)
+        };
+        if let (Some(ratio), Some(model)) = (self.params.compress, self.importance.as_deref()) {
+            let count = |t: &str| embedder.count_tokens(t);
+            for n in nodes.iter_mut().filter(|n| reused(&n.id).is_none()) {
+                query::raptor::compress(std::slice::from_mut(n), ratio, &mut |p| model.score(p).ok(), &count);
+            }
+        }
         let mut to_embed = Vec::new();
         let mut points = Vec::with_capacity(nodes.len());
         for n in nodes {
             let Ok(point_id) = n.id.parse() else { continue };
-            let text = n.text();
+            let kept = stored.get(&n.id);
+            let reuse = reused(&n.id);
+            // A reused compressed node keeps its text and tokens (the model is not asked again).
+            let stored_text = reuse.filter(|_| compressing).and_then(|k| {
+                Some((k.payload.get("text")?.as_str()?.to_string(), k.payload.get("tokens")?.as_u64()? as usize))
+            });
+            let (text, tokens) = stored_text.unwrap_or_else(|| (n.text(), n.tokens()));
             let ordered = n.in_reading_order();
             let sentences: Vec<Value> = ordered
                 .iter()
@@ -122,11 +144,13 @@ impl Trees {
             p.insert("children".into(), n.children.clone().into());
             p.insert("doc_ids".into(), n.doc_ids().into());
             p.insert("doc_date".into(), latest.map_or(Value::Null, Value::from));
-            p.insert("tokens".into(), n.tokens().into());
+            p.insert("tokens".into(), tokens.into());
             p.insert("sentences".into(), sentences.into());
             p.insert("model".into(), self.model.clone().into());
             p.insert("worker_version".into(), crate::WORKER_VERSION.into());
-            let kept = stored.get(&n.id);
+            if compressing {
+                p.insert("compressed".into(), true.into());
+            }
             for field in ["abstract", "abstract_model"] {
                 if let Some(v) = kept.and_then(|k| k.payload.get(field)).filter(|v| v.is_string()) {
                     p.insert(field.into(), v.clone());
@@ -134,10 +158,12 @@ impl Trees {
             }
             p.insert("text".into(), text.clone().into());
             let sparse = bm25::sparse_document(&self.bm25, abstracts::searched_text(&p));
-            let dense = match kept {
+            let dense = match (kept, reuse) {
                 _ if !self.embed_text => n.vector,
-                Some(k) => k.dense.clone(),
-                None => {
+                // Searched by its abstract once written (`abstracts`), or by the same text as before.
+                (Some(k), _) if k.payload.get("abstract").is_some_and(Value::is_string) => k.dense.clone(),
+                (_, Some(k)) => k.dense.clone(),
+                _ => {
                     to_embed.push((points.len(), embedder.encode_one(&text).unwrap_or_default()));
                     Vec::new()
                 }
@@ -512,6 +538,18 @@ impl Indexer {
             model: chunker.embedder.info().name.clone(),
             lanes: Default::default(),
             abstracts: abstracts::Abstracts::new(settings).map_err(StartError::Config)?,
+            importance: match settings.raptor.compress > 0.0 {
+                true => {
+                    let (embed, file) = (settings.embed.clone(), settings.serve.compress_model_file.clone());
+                    let load =
+                        tokio::task::spawn_blocking(move || crate::embed::importance::Importance::load(&embed, &file));
+                    let loaded = load.await.map_err(|_| {
+                        StartError::Config("raptor.compress: loading the token-importance model failed".into())
+                    })?;
+                    Some(Arc::new(loaded?))
+                }
+                false => None,
+            },
         });
         let halt_after = Duration::from_millis(settings.store.halt_after_ms);
         if let Some(a) = &trees.abstracts {
@@ -615,7 +653,7 @@ impl Indexer {
         let to_doc = |e: StoreError| DocError::new(e.code(), Stage::Index, e.to_string());
         let (leaves, stored) = retry_store(self.halt_after, || async {
             let stored = async {
-                match self.trees.embed_text || self.trees.abstracts.is_some() {
+                match self.trees.embed_text || self.trees.abstracts.is_some() || self.trees.importance.is_some() {
                     true => self.store.summaries(patient).await,
                     false => Ok(Default::default()),
                 }

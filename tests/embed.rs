@@ -632,6 +632,121 @@ async fn summary_trees(mut s: Settings) {
     );
 }
 
+/// CPTF-compressed summaries (`raptor.compress`): a tree first built plain, then rebuilt by a worker with
+/// compression on (the stored plain summaries are not reused), then off again. Compressed, each summary has the same
+/// children, quotes at least as many sentences (more in all) within its tokens, keeps each cited sentence's words
+/// in order, and is searched by its compressed text; a second rebuild keeps every summary as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_summaries_quote_more_within_their_tokens_and_keep_their_citations() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.raptor.enabled = true;
+    s.raptor.summary_tokens = 48;
+    s.chunking.chunk_tokens = 32;
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let texts: std::collections::HashMap<String, &str> =
+        TREE_NOTES.iter().enumerate().map(|(i, t)| (format!("t-{i}"), *t)).collect();
+    let p1 = Filters { patient: Some("Patient/t1".into()), ..Default::default() };
+    let summaries = |indexer: Arc<Indexer>| {
+        let p1 = p1.clone();
+        async move {
+            let dense = indexer.embedder().embed(&["chest pain"]).await.unwrap().remove(0);
+            let q = Query {
+                dense,
+                sparse: Default::default(),
+                filters: p1,
+                top: 500,
+                fields: None,
+                record: Record::Summaries,
+            };
+            let mut hits = indexer.store().search(&q).await.unwrap();
+            hits.sort_by(|a, b| a.id.cmp(&b.id));
+            hits
+        }
+    };
+    let cited = |p: &serde_json::Map<String, Value>| -> Vec<String> {
+        p["sentences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let (a, b) = (c["start"].as_u64().unwrap() as usize, c["end"].as_u64().unwrap() as usize);
+                texts[c["doc_id"].as_str().unwrap()][a..b].to_string()
+            })
+            .collect()
+    };
+    // Built plain, note by note.
+    let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await.unwrap());
+    for (i, t) in TREE_NOTES.iter().enumerate() {
+        let doc = Arc::new(pipeline.process(&note(&format!("t-{i}"), "1", "current", "Patient/t1", t)).unwrap());
+        indexer.index(&doc).await.unwrap();
+    }
+    let plain = summaries(Arc::clone(&indexer)).await;
+    assert!(!plain.is_empty());
+    indexer.store().flush().await.unwrap();
+    drop(indexer);
+    // Rebuilt with compression: every summary recomputed, none reused from the plain tree.
+    s.raptor.compress = 0.5;
+    let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await.unwrap());
+    indexer.rebuild_tree("Patient/t1").await.unwrap();
+    let compressed = summaries(Arc::clone(&indexer)).await;
+    let ids = |h: &[clinstream::store::Hit]| h.iter().map(|h| h.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&compressed), ids(&plain), "the same clusters");
+    let (mut quoted_plain, mut quoted, mut shorter) = (0, 0, 0);
+    for (c, p) in compressed.iter().zip(&plain) {
+        let (c, p) = (&c.payload, &p.payload);
+        assert_eq!(c["compressed"], true, "{c:?}");
+        assert!(p.get("compressed").is_none());
+        assert_eq!(c["children"], p["children"]);
+        let lines: Vec<&str> = c["text"].as_str().unwrap().lines().collect();
+        let n = lines.len();
+        assert!(n >= p["sentences"].as_array().unwrap().len());
+        assert!(c["tokens"].as_u64().unwrap() as usize <= 48 + n, "{c:?}");
+        quoted += n;
+        quoted_plain += p["sentences"].as_array().unwrap().len();
+        // Each line keeps words of the sentence it cites, in their order.
+        for (line, sentence) in lines.iter().zip(cited(c)) {
+            let mut words = sentence.split_whitespace();
+            assert!(line.split_whitespace().all(|w| words.any(|x| x == w)), "{line:?} is not cut from {sentence:?}");
+            shorter += usize::from(line.len() < sentence.len());
+        }
+    }
+    assert!(quoted > quoted_plain, "{quoted} sentences quoted compressed, {quoted_plain} plain");
+    assert!(shorter > 0);
+    // Searched by its compressed text.
+    let text = compressed[0].payload["text"].as_str().unwrap().to_string();
+    let own = indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
+    let q = Query {
+        dense: own,
+        sparse: Default::default(),
+        filters: p1.clone(),
+        top: 1,
+        fields: None,
+        record: Record::Summaries,
+    };
+    let found = indexer.store().search(&q).await.unwrap();
+    assert!(found[0].id == compressed[0].id && found[0].score > 0.999, "{found:?}");
+    // Rebuilt again: every summary kept as it was.
+    indexer.rebuild_tree("Patient/t1").await.unwrap();
+    let again = summaries(Arc::clone(&indexer)).await;
+    assert_eq!(
+        again.iter().map(|h| (&h.id, &h.payload["text"], &h.payload["tokens"])).collect::<Vec<_>>(),
+        compressed.iter().map(|h| (&h.id, &h.payload["text"], &h.payload["tokens"])).collect::<Vec<_>>()
+    );
+    indexer.store().flush().await.unwrap();
+    drop(indexer);
+    // Compression off again: the plain summaries come back.
+    s.raptor.compress = 0.0;
+    let indexer = Arc::new(Indexer::start(&s, pipeline.compiled()).await.unwrap());
+    indexer.rebuild_tree("Patient/t1").await.unwrap();
+    let back = summaries(Arc::clone(&indexer)).await;
+    assert_eq!(
+        back.iter().map(|h| (&h.id, &h.payload["text"])).collect::<Vec<_>>(),
+        plain.iter().map(|h| (&h.id, &h.payload["text"])).collect::<Vec<_>>()
+    );
+    assert!(back.iter().all(|h| h.payload.get("compressed").is_none()));
+}
+
 /// A long run rewrites points (re-delivered or re-processed notes, new versions); the embedded engine runs no
 /// optimizers itself, so the store's background maintenance (`store.maintain_every`) flushes and optimises, and
 /// the data stays whole through it and after a reopen.
@@ -1309,7 +1424,11 @@ async fn eval_qa_on_a_small_record_set() {
     let pipeline = Pipeline::new(&s).unwrap();
     let embedder = Embedder::start_async(&s.embed).await.unwrap();
     let strategies: Vec<String> =
-        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree"].map(String::from).to_vec();
+        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree", "tree+cptf"]
+            .map(String::from)
+            .to_vec();
+    // `tree+cptf`: the summaries compressed by the token-importance model, as `raptor.compress` does.
+    let importance = clinstream::embed::importance::Importance::load(&s.embed, &s.serve.compress_model_file).unwrap();
     let cache = dir.path().join("cache");
     let run = clinstream::eval::qa::QaRun {
         documents: &documents,
@@ -1325,11 +1444,12 @@ async fn eval_qa_on_a_small_record_set() {
         summaries: None,
         llm: None,
         sample: 1,
-        importance: None,
+        importance: Some(&importance),
         tree: (&s.raptor).into(),
     };
     let r = clinstream::eval::qa::run(&pipeline, &embedder, &run).await.unwrap();
     assert_eq!((r.documents, r.patients), (4, 2));
+    assert_eq!(r.strategies.len(), strategies.len());
     for st in &r.strategies {
         assert_eq!(st.questions, 5);
         assert_eq!(st.with_evidence, 4);

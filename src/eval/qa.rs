@@ -19,7 +19,9 @@
 //! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
 //!   vectors (`raptor.*`), its summaries ranked with the chunks by cosine to the question and taken while they fit
 //!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree:128` with
-//!   summaries of 128 tokens; `tree@mean` retrieves summaries by their members' mean vector, not their text's.
+//!   summaries of 128 tokens; `tree@mean` retrieves summaries by their members' mean vector, not their text's;
+//!   `tree+cptf[@R][:N]` with CPTF-compressed summaries (`raptor.compress` = R, 0.5): like `clear+cptf`, its
+//!   `evidence_covered` and `evidence_notes` count the evidence inside what the context was cut from.
 //!
 //! Multi-note questions (`multi_note_questions`, `clinstream-lab eval qa-multi`) carry the note of each evidence
 //! sentence; for them `evidence_notes` is the mean share of the evidence notes the context reaches.
@@ -206,8 +208,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
     let read =
         |p: &Path| std::fs::read_to_string(p).map_err(|source| EvalError::Io { path: p.display().to_string(), source });
     let fmt = |p: &Path, why: String| EvalError::Format { path: p.display().to_string(), why };
-    if strategies.iter().any(|s| s.starts_with("clear+cptf")) && importance.is_none() {
-        return Err(fmt(documents, "clear+cptf needs the token-importance model".into()));
+    if strategies.iter().any(|s| s.starts_with("clear+cptf") || s.starts_with("tree+cptf")) && importance.is_none() {
+        return Err(fmt(documents, "clear+cptf and tree+cptf need the token-importance model".into()));
     }
     if strategies.iter().any(|s| s.starts_with("tree+llm")) && summaries.is_none() {
         return Err(fmt(documents, "tree+llm needs an LLM (llm.base_url)".into()));
@@ -419,6 +421,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         let mut built = raptor::build(&leaves, &params, &|level, children| {
                             format!("{level}:{}", children.join(","))
                         });
+                        if let Some(ratio) = params.compress {
+                            // CPTF-compressed summaries, as the indexer writes them with `raptor.compress`.
+                            raptor::compress(&mut built, ratio, &mut |p| importance?.score(p).ok(), &count);
+                        }
                         let mut tokens: Vec<usize> = built.iter().map(raptor::Node::tokens).collect();
                         let mut written_abstracts: Vec<Option<String>> = vec![None; built.len()];
                         if tree_strategy.starts_with("tree+llm") {
@@ -496,6 +502,12 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     }
                     let chosen = raptor::collapsed(&qv, &candidates, budget_tokens);
                     let items: Vec<Vec<(usize, usize, usize)>> = chosen.iter().map(|&i| spans_of(i)).collect();
+                    if params.compress.is_some() {
+                        // `tree+cptf`: what the compressed summaries were cut from (and the chunks as they are).
+                        source = Some(
+                            items.iter().flatten().map(|&(d, a, b)| docs[d].note.text[a..b].to_string()).collect(),
+                        );
+                    }
                     let status = vote_over(&items);
                     // What the context holds: a chunk's text, a summary's sentences — or its abstract, once written
                     // (then the evidence is in the context only where the abstract quotes it).
@@ -503,10 +515,17 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         .iter()
                         .zip(&items)
                         .flat_map(|(&i, spans)| {
-                            let written = i.checked_sub(own_chunks.len()).and_then(|n| node_abstracts[n].as_ref());
-                            match written {
-                                Some(a) => vec![(spans.first().map_or(usize::MAX, |s| s.0), a.clone())],
-                                None => spans
+                            let node = i.checked_sub(own_chunks.len());
+                            let written = node.and_then(|n| node_abstracts[n].as_ref());
+                            match (written, node) {
+                                (Some(a), _) => vec![(spans.first().map_or(usize::MAX, |s| s.0), a.clone())],
+                                // A summary's sentences as it holds them (CPTF-compressed with `tree+cptf`).
+                                (None, Some(n)) => spans
+                                    .iter()
+                                    .zip(&nodes[n].sentences)
+                                    .map(|(&(d, _, _), s)| (d, s.text.clone()))
+                                    .collect(),
+                                (None, None) => spans
                                     .iter()
                                     .map(|&(d, a, b)| {
                                         (d, docs.get(d).map_or(String::new(), |d| d.note.text[a..b].to_string()))
@@ -608,6 +627,10 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                 found_evidence = Some(found);
                 r.evidence_recall += f64::from(u8::from(found));
                 if q.evidence_doc_ids.len() == q.evidence.len() {
+                    // A compressed context reaches a note when the evidence is in what it was cut from.
+                    let cut_from =
+                        source.as_ref().map(|src| src.iter().map(|t| squeeze(t)).collect::<Vec<_>>().join("\u{1f}"));
+                    let context = cut_from.as_ref().unwrap_or(&context);
                     let mut notes: Vec<&str> = q.evidence_doc_ids.iter().map(String::as_str).collect();
                     notes.sort_unstable();
                     notes.dedup();
@@ -870,7 +893,15 @@ async fn abstracts(
 /// retrieved by their members' mean vector instead of their text's embedding.)
 pub fn tree_variant(strategy: &str, base: raptor::TreeParams) -> raptor::TreeParams {
     let tokens = strategy.rsplit_once(':').and_then(|(_, t)| t.parse().ok());
-    raptor::TreeParams { summary_tokens: tokens.unwrap_or(base.summary_tokens), ..base }
+    // `tree+cptf[@R]`: summaries CPTF-compressed to R (0.5) of their sentences' tokens.
+    let compress = strategy
+        .strip_prefix("tree+cptf")
+        .map(|r| r.strip_prefix('@').and_then(|r| r.split(':').next()?.parse::<f32>().ok()).unwrap_or(CPTF_RATIO));
+    raptor::TreeParams {
+        summary_tokens: tokens.unwrap_or(base.summary_tokens),
+        compress: compress.or(base.compress),
+        ..base
+    }
 }
 
 /// A chunk as a leaf of the patient's tree: its vector and the note's sentences inside it.

@@ -109,11 +109,14 @@ pub struct TreeParams {
     pub max_clusters: usize,
     /// PCA components the vectors are reduced to before clustering.
     pub dims: usize,
+    /// CPTF-compressed summaries (`raptor.compress`): sentences are picked against `summary_tokens / ratio` and each
+    /// is then cut to about `ratio` of its tokens ([`compress`]), so a summary of the same size quotes more.
+    pub compress: Option<f32>,
 }
 
 impl Default for TreeParams {
     fn default() -> Self {
-        TreeParams { summary_tokens: 256, max_levels: 3, max_clusters: 8, dims: 10 }
+        TreeParams { summary_tokens: 256, max_levels: 3, max_clusters: 8, dims: 10, compress: None }
     }
 }
 
@@ -124,6 +127,52 @@ impl From<&crate::config::RaptorSettings> for TreeParams {
             max_levels: r.max_levels,
             max_clusters: r.max_clusters,
             dims: r.dims,
+            compress: (r.compress > 0.0).then_some(r.compress),
+        }
+    }
+}
+
+impl TreeParams {
+    /// The tokens of original sentences one summary picks: `summary_tokens`, or `summary_tokens / ratio` when the
+    /// sentences are then compressed to about `ratio` of their tokens.
+    pub fn pick_tokens(&self) -> usize {
+        match self.compress {
+            Some(r) if r > 0.0 && r < 1.0 => (self.summary_tokens as f32 / r).floor() as usize,
+            _ => self.summary_tokens,
+        }
+    }
+}
+
+/// CPTF-compresses the summaries' sentences (`TreeParams::compress`). Each node's sentences, in the order picked,
+/// are scored as one passage by `score` (the token-importance model: one call per node, each sentence seen in the
+/// company of the others, as a window is); then each sentence keeps its most important words within
+/// `ceil(ratio × its tokens)` (`cptf::filter_window`: whole words in order, assertion cues always kept), and its
+/// text and token count (`count`) become the kept words'. The offsets stay the original sentence's, so a
+/// compressed summary is cited like any other. A node `score` cannot read stays whole. Call it on the built tree:
+/// the levels above pick from the original sentences, so nothing is compressed twice.
+pub fn compress(
+    nodes: &mut [Node],
+    ratio: f32,
+    score: &mut dyn FnMut(&str) -> Option<Vec<super::cptf::Token>>,
+    count: &dyn Fn(&str) -> usize,
+) {
+    for node in nodes {
+        let passage = node.sentences.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join("\n");
+        let Some(tokens) = score(&passage) else { continue };
+        let mut at = 0;
+        for s in &mut node.sentences {
+            let (from, to) = (at, at + s.text.len());
+            at = to + 1;
+            // The sentence's tokens, their spans made relative to it.
+            let own: Vec<super::cptf::Token> = tokens
+                .iter()
+                .filter(|t| t.start >= from && t.end <= to)
+                .map(|t| super::cptf::Token { start: t.start - from, end: t.end - from, importance: t.importance })
+                .collect();
+            let allowance = ((s.tokens as f32 * ratio).ceil() as usize).max(1);
+            let kept = super::cptf::filter_window(&s.text, &own, &[], allowance);
+            s.tokens = count(&kept.text);
+            s.text = kept.text;
         }
     }
 }
@@ -148,7 +197,7 @@ pub fn build(leaves: &[Member], p: &TreeParams, node_id: &dyn Fn(usize, &[String
                 // One member summarises itself: it stays where it is in the collapsed tree.
                 continue;
             }
-            next.push(summarise(&members, level, p.summary_tokens, node_id));
+            next.push(summarise(&members, level, p.pick_tokens(), node_id));
         }
         let done = next.len() <= 1;
         current = next.iter().map(Node::member).collect();
@@ -530,6 +579,62 @@ mod tests {
         ids.sort();
         assert_eq!(kids, ids);
         assert!(roots[0].tokens() <= 30);
+    }
+
+    #[test]
+    fn compressed_summaries_quote_more_sentences_within_the_same_tokens() {
+        let leaves = three_topics();
+        let plain = TreeParams { summary_tokens: 30, ..TreeParams::default() };
+        assert_eq!(TreeParams { compress: Some(0.5), ..plain }.pick_tokens(), 60);
+        assert_eq!(TreeParams { compress: Some(1.0), ..plain }.pick_tokens(), 30);
+        let cut = TreeParams { compress: Some(0.3), ..plain };
+        let mut nodes = build(&leaves, &cut, &id);
+        let before: Vec<Node> = nodes.clone();
+        // A stand-in model: one token per word, the later words of a sentence more important ("first of c00":
+        // "c00" ranks highest), one call per node over its sentences joined by newlines.
+        let mut calls = 0;
+        let mut score = |passage: &str| {
+            calls += 1;
+            let mut out = Vec::new();
+            for line in passage.split('\n') {
+                let base = line.as_ptr() as usize - passage.as_ptr() as usize;
+                for (i, (s, e)) in crate::stages::clear::word_spans(line).into_iter().enumerate() {
+                    out.push(super::super::cptf::Token { start: base + s, end: base + e, importance: i as f32 });
+                }
+            }
+            Some(out)
+        };
+        let words = |t: &str| t.split_whitespace().count();
+        compress(&mut nodes, 0.3, &mut score, &words);
+        assert_eq!(calls, nodes.len(), "one model call per node");
+        let plain_nodes = build(&leaves, &plain, &id);
+        let mut shorter = 0;
+        for (n, b) in nodes.iter().zip(&before).filter(|(n, _)| n.level == 1) {
+            // Picked against 99 tokens, each sentence then cut to 0.3 of its tokens (rounded up): about the 30 of a
+            // plain summary, and more sentences than it holds.
+            assert!(n.tokens() <= 30 + n.sentences.len(), "{}", n.tokens());
+            let plain_n = plain_nodes.iter().find(|p| p.children == n.children).expect("same clusters");
+            assert!(
+                n.sentences.len() > plain_n.sentences.len(),
+                "{} vs {}",
+                n.sentences.len(),
+                plain_n.sentences.len()
+            );
+            for (s, o) in n.sentences.iter().zip(&b.sentences) {
+                // Offsets stay the original sentence's; the text is its most important words, in order.
+                assert_eq!((&s.doc_id, s.start, s.end), (&o.doc_id, o.start, o.end));
+                let keep = ((o.tokens as f32 * 0.3).ceil() as usize).min(words(&o.text));
+                let want: Vec<&str> = o.text.split_whitespace().skip(words(&o.text) - keep).collect();
+                assert_eq!(s.text, want.join(" "));
+                assert_eq!(s.tokens, keep);
+                shorter += usize::from(s.text.len() < o.text.len());
+            }
+        }
+        assert!(shorter > 0);
+        // A node the model cannot read stays whole.
+        let mut whole = before.clone();
+        compress(&mut whole, 0.3, &mut |_| None, &words);
+        assert_eq!(whole, before);
     }
 
     #[test]

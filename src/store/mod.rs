@@ -61,6 +61,7 @@ pub const SUMMARY_FIELDS: &[&str] = &[
     "model",
     "worker_version",
     "text",
+    "compressed",
     "abstract",
     "abstract_model",
 ];

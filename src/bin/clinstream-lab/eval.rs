@@ -64,7 +64,8 @@ pub enum EvalCommand {
         /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
         /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank), tree
         /// (RAPTOR's collapsed tree over the same chunks, built under `raptor.*`; `tree:128` with summaries of 128
-        /// tokens; `tree@mean` with summaries retrieved by their members' mean vector).
+        /// tokens; `tree@mean` with summaries retrieved by their members' mean vector; `tree+cptf`, `tree+cptf@0.7`
+        /// with summaries CPTF-compressed to that share of their sentences' tokens, 0.5 by default).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
@@ -246,13 +247,23 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                                 .and_then(|r| r.strip_prefix(':'))
                                 .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 16))
                         })
+                        || {
+                            // `tree+cptf[@RATIO][:TOKENS]`
+                            let (b, n) = s.split_once(':').map_or((s.as_str(), None), |(b, n)| (b, Some(n)));
+                            n.is_none_or(|n| n.parse::<usize>().is_ok_and(|n| n >= 16))
+                                && (b == "tree+cptf"
+                                    || b.strip_prefix("tree+cptf@")
+                                        .and_then(|w| w.parse::<f32>().ok())
+                                        .is_some_and(|w| w > 0.0 && w <= 1.0))
+                        }
                         || s.strip_prefix("hybrid@")
                             .or_else(|| s.strip_prefix("clear@"))
                             .or_else(|| s.strip_prefix("clear+cptf@"))
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@mean, tree+llm, tree[@mean|+llm]:TOKENS)"
+                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@mean, tree+llm, tree+cptf[@RATIO], \
+                     tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
@@ -293,7 +304,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                 )?;
                 let summary_llm =
                     summarizer.as_ref().map(|(llm, templates)| clinstream::eval::qa::EvalLlm { llm, templates });
-                let importance = if strategy.iter().any(|s| s.starts_with("clear+cptf")) {
+                let importance = if strategy.iter().any(|s| s.starts_with("clear+cptf") || s.starts_with("tree+cptf")) {
                     let (embed, file) = (settings.embed.clone(), settings.serve.compress_model_file.clone());
                     Some(
                         tokio::task::spawn_blocking(move || {
