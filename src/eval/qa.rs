@@ -893,13 +893,14 @@ async fn abstracts(
 /// retrieved by their members' mean vector instead of their text's embedding.)
 pub fn tree_variant(strategy: &str, base: raptor::TreeParams) -> raptor::TreeParams {
     let tokens = strategy.rsplit_once(':').and_then(|(_, t)| t.parse().ok());
-    // `tree+cptf[@R]`: summaries CPTF-compressed to R (0.5) of their sentences' tokens.
+    // `tree+cptf[@R]`: summaries CPTF-compressed to R (0.5) of their sentences' tokens; the other tree strategies
+    // never (whatever `raptor.compress` says), so `tree` beside `tree+cptf` is the plain tree.
     let compress = strategy
         .strip_prefix("tree+cptf")
         .map(|r| r.strip_prefix('@').and_then(|r| r.split(':').next()?.parse::<f32>().ok()).unwrap_or(CPTF_RATIO));
     raptor::TreeParams {
         summary_tokens: tokens.unwrap_or(base.summary_tokens),
-        compress: compress.or(base.compress),
+        compress,
         ..base
     }
 }
