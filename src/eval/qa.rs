@@ -898,11 +898,7 @@ pub fn tree_variant(strategy: &str, base: raptor::TreeParams) -> raptor::TreePar
     let compress = strategy
         .strip_prefix("tree+cptf")
         .map(|r| r.strip_prefix('@').and_then(|r| r.split(':').next()?.parse::<f32>().ok()).unwrap_or(CPTF_RATIO));
-    raptor::TreeParams {
-        summary_tokens: tokens.unwrap_or(base.summary_tokens),
-        compress,
-        ..base
-    }
+    raptor::TreeParams { summary_tokens: tokens.unwrap_or(base.summary_tokens), compress, ..base }
 }
 
 /// A chunk as a leaf of the patient's tree: its vector and the note's sentences inside it.
