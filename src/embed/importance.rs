@@ -1,6 +1,7 @@
 //! The token-importance model of CPTF (the read side's `cptf` filter): the embedding model's graph with a `token_importance`
-//! output (`model.importance.onnx`, written by `make model`), the attention each token receives. Read side only:
-//! loaded by the query service on the first request that asks for compression, on the CPU, beside the embedder.
+//! output (`model.importance.onnx`, written by `make model`), the attention each token receives. Loaded on the CPU,
+//! beside the embedder: by the query service on the first request that asks for compression, and by a worker at
+//! start when `raptor.compress` cuts its summaries (`query::raptor::compress`).
 //!
 //! In: a passage. Out: its tokens (byte spans, no special tokens) with their importance. A passage longer than the
 //! model's input is scored in consecutive pieces (each with its own special tokens).
