@@ -44,8 +44,9 @@ fn settings(dir: &Path, llm: Option<(&str, &LlmServer)>) -> Option<Settings> {
         s.llm.base_url = url.to_string();
         s.llm.model = server.model.clone();
         s.llm.api_key = Secret::new(server.key.clone());
-        // A 2-core machine running the whole suite beside it: generous, the deadline cases set their own.
-        s.llm.timeout_ms = 240_000;
+        // A 2-core machine running the whole suite beside it: generous (a hang fails, slowness never); the deadline
+        // cases set their own.
+        s.llm.timeout_ms = 600_000;
         s.llm.max_tokens = 256;
     }
     Some(s)

@@ -48,7 +48,11 @@ impl LlmServer {
         let child = Command::new(bin)
             .arg("-m")
             .arg(model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "8192", "-np", "2", "-t", "2"])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-c", "8192", "-np", "2"])
+            // One compute thread, never spinning: every test of a binary runs its own server beside the others on a
+            // 2-core machine, and ggml's spin-waiting threads of several servers starve each other (a request that
+            // takes a second alone took minutes under `make test`).
+            .args(["-t", "1", "-tb", "1", "--poll", "0", "--threads-http", "2"])
             .args(["--no-webui", "--log-disable"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
