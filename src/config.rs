@@ -667,6 +667,11 @@ pub struct VariableDef {
     /// (the variable means current use, e.g. tobacco).
     #[serde(default = "yes")]
     pub historical_is_present: bool,
+    /// The head noun of each of `concepts`' preferred names said alone ("effusion" for pleural effusion, "edema"
+    /// for pulmonary edema) is a mention too, unless another site's anatomy term stands right before it (for
+    /// variables whose notes name one site, as chest imaging reports do; docs/clear.md).
+    #[serde(default)]
+    pub elliptic_heads: bool,
 }
 
 fn default_kind() -> String {

@@ -81,6 +81,65 @@ fn compounds_are_found_by_their_parts_plain_words() {
     );
 }
 
+/// `elliptic_heads`: with no hand-written synonym, the head noun of a concept's name said alone is a mention of the
+/// variable ("large right effusion", "interstitial edema", a modifier between the name's words), with its assertion;
+/// another site's anatomy term right before it makes it that site's finding ("ankle edema", "knee effusion"), while
+/// the variable's own site does not ("lung edema"); a longer lexicon term of another concept keeps its words
+/// ("pericardial effusion"); a head that is anatomy ("heart" of "enlarged heart") is never one; off, none counts.
+#[test]
+fn elliptic_heads_are_mentions_unless_another_site_names_them() {
+    let variable = |name: &str, concepts: &[&str], on: bool| -> VariableDef {
+        toml::from_str(&format!(
+            "name = \"{name}\"\nconcepts = {concepts:?}\nelliptic_heads = {on}\ndecision = \"any_present\"\n"
+        ))
+        .unwrap()
+    };
+    let defs = |on: bool| {
+        vec![
+            variable("effusion_x", &["MESH:D010996"], on),
+            variable("edema_x", &["DOID:11396"], on),
+            variable("heart_x", &["MESH:D006332"], on),
+        ]
+    };
+    let on = Pipeline::new(&settings_with_variables(defs(true), 150, 1024)).unwrap();
+    let off = Pipeline::new(&settings_with_variables(defs(false), 150, 1024)).unwrap();
+    let heads = |p: &Pipeline, name: &str| {
+        let v = p.variables().iter().find(|v| v.name() == name).unwrap();
+        let mut f: Vec<String> = v.heads().forms.iter().cloned().collect();
+        f.sort();
+        f
+    };
+    assert_eq!(heads(&on, "effusion_x"), ["effusion", "effusions"]);
+    assert_eq!(heads(&on, "edema_x"), ["edema", "edemas"]);
+    assert!(heads(&on, "heart_x").is_empty(), "cardiomegaly is one word: no head");
+    assert!(heads(&off, "effusion_x").is_empty());
+    let cases = [
+        ("IMPRESSION: Cardiomegaly. Large right effusion.\n", "effusion_x", Label::Present),
+        ("IMPRESSION: Bilateral effusions, right greater than left.\n", "effusion_x", Label::Present),
+        ("FINDINGS: No effusion or pneumothorax.\n", "effusion_x", Label::Absent),
+        ("IMPRESSION: Possible small effusion.\n", "effusion_x", Label::Uncertain),
+        ("IMPRESSION: Cardiomegaly with interstitial edema.\n", "edema_x", Label::Present),
+        ("IMPRESSION: Pulmonary interstitial edema.\n", "edema_x", Label::Present),
+        ("IMPRESSION: Mild lung edema.\n", "edema_x", Label::Present),
+        ("FINDINGS: No edema.\n", "edema_x", Label::Absent),
+    ];
+    for (text, variable, expected) in cases {
+        assert_eq!(result(&on, text, variable).label, expected, "{variable} in {text:?}");
+        assert_eq!(result(&off, text, variable).label, Label::NotMentioned, "off: {variable} in {text:?}");
+    }
+    let other_site = [
+        ("IMPRESSION: Left ankle edema.\n", "edema_x"),
+        ("IMPRESSION: Moderate knee effusion.\n", "effusion_x"),
+        ("IMPRESSION: Small pericardial effusion.\n", "effusion_x"),
+        ("IMPRESSION: The heart is enlarged. Enlarged heart.\n", "edema_x"),
+    ];
+    for (text, variable) in other_site {
+        assert_eq!(result(&on, text, variable).label, Label::NotMentioned, "{variable} in {text:?}");
+    }
+    // The full name still counts after another site's term ("ankle" then "pulmonary edema" is pulmonary edema).
+    assert_eq!(result(&on, "IMPRESSION: Ankle fracture. Pulmonary edema.\n", "edema_x").label, Label::Present);
+}
+
 #[test]
 fn weighted_votes_favour_heavier_sections_and_report_confidence() {
     let p = Pipeline::new(&common::settings()).unwrap();

@@ -5,7 +5,9 @@
 //! smoker counts as absent.
 //!
 //! Targets: the variable's concepts and all their descendants in the lexicon hierarchies, plus its own synonyms
-//! (added to the lexicon as a concept `CS:variable:<name>`). Sections: an optional allow-list and deny-list of
+//! (added to the lexicon as a concept `CS:variable:<name>`); with `elliptic_heads`, also the head noun of each of
+//! its concepts' preferred names said alone ("effusion", "edema"; a lexicon term targets its concept, another joins
+//! the variable's own), except right after an anatomy term of another site ("ankle edema"). Sections: an optional allow-list and deny-list of
 //! canonical names. Decision: each target mention votes with its section's weight — affirmed (and historical,
 //! unless `historical_is_present = false`) for present, uncertain or hypothetical for uncertain, negated for
 //! absent; mentions about family members do not vote. The heaviest vote wins (ties: present, uncertain, absent);
@@ -31,6 +33,80 @@ pub struct Variable {
     excluded: HashSet<String>,
     window_words: usize,
     token_budget: usize,
+    /// `elliptic_heads`: the head nouns said alone (lower case, singular and plural) and the stems of the other
+    /// words of its concepts' names (a site's anatomy term before a head with one of these is its own site).
+    heads: Heads,
+}
+
+/// A variable's elliptic heads (`VariableDef::elliptic_heads`).
+#[derive(Debug, Clone, Default)]
+pub struct Heads {
+    pub forms: HashSet<String>,
+    sites: Vec<String>,
+}
+
+/// Letters of a word that name its stem when sites are compared ("pleura" and "pleural").
+const SITE_STEM: usize = 5;
+
+impl Heads {
+    /// The head noun (last word) of each root concept's preferred name of two or more words, when that noun alone
+    /// is no lexicon term of another kind than disease or symptom ("heart" of "enlarged heart" is anatomy); with its
+    /// plural. English noun phrases are head-final: "pleural effusion" → "effusion", "pulmonary edema" → "edema".
+    fn of(roots: &[u32], lexicon: &Lexicon) -> Heads {
+        let mut h = Heads::default();
+        let names: Vec<&str> = roots.iter().map(|&c| lexicon.concept(c).preferred.as_str()).collect();
+        for name in &names {
+            let words: Vec<String> = name.split_whitespace().map(str::to_lowercase).collect();
+            let [.., head] = words.as_slice() else { continue };
+            if words.len() < 2 || !head.chars().all(|c| c.is_ascii_alphabetic()) {
+                continue;
+            }
+            let kind = lexicon.term_concept(head).map(|c| lexicon.concept(c).kind);
+            if kind.is_some_and(|k| !matches!(k, EntityKind::Disease | EntityKind::Symptom)) {
+                continue;
+            }
+            h.forms.insert(head.clone());
+            if !head.ends_with('s') {
+                h.forms.insert(format!("{head}s"));
+            }
+        }
+        if h.forms.is_empty() {
+            return h;
+        }
+        let roots: HashSet<u32> = roots.iter().copied().collect();
+        let mut sites: HashSet<String> = HashSet::new();
+        for (term, c) in lexicon.terms() {
+            if roots.contains(&c) {
+                for w in term.split(|c: char| !c.is_ascii_alphabetic()).filter(|w| w.len() >= 4) {
+                    let w = w.to_ascii_lowercase();
+                    if !h.forms.contains(&w) {
+                        sites.insert(w.chars().take(SITE_STEM).collect());
+                    }
+                }
+            }
+        }
+        h.sites = sites.into_iter().collect();
+        h.sites.sort();
+        h
+    }
+
+    /// Whether the mention at `i` is a head said alone right after an anatomy term of another site ("ankle edema",
+    /// "knee effusion"): that is the other site's finding, not the variable's.
+    fn of_another_site(&self, text: &str, mentions: &[Mention], i: usize) -> bool {
+        let m = &mentions[i];
+        if !text.get(m.start..m.end).is_some_and(|t| self.forms.contains(&t.to_ascii_lowercase())) {
+            return false;
+        }
+        let Some(before) = i.checked_sub(1).map(|j| &mentions[j]) else { return false };
+        let adjacent = before.end <= m.start
+            && text.get(before.end..m.start).is_some_and(|t| t.chars().all(|c| c.is_whitespace() || c == '-'));
+        adjacent
+            && before.kind == EntityKind::Anatomy
+            && !text[before.start..before.end]
+                .split(|c: char| !c.is_ascii_alphabetic())
+                .filter(|w| w.len() >= 4)
+                .any(|w| self.sites.iter().any(|s| w.to_ascii_lowercase().starts_with(s.as_str())))
+    }
 }
 
 impl Variable {
@@ -41,6 +117,11 @@ impl Variable {
     /// Concept indexes this variable targets (its concepts, their descendants, its synonyms' concepts).
     pub fn targets(&self) -> &HashSet<u32> {
         &self.targets
+    }
+
+    /// Its elliptic heads (none unless `elliptic_heads`).
+    pub fn heads(&self) -> &Heads {
+        &self.heads
     }
 
     /// Whether mentions in this section count for the variable (its allow-list and deny-list).
@@ -107,11 +188,33 @@ pub fn compile(
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }
+    // Elliptic heads: a head that is a lexicon term targets that term's concept (as a synonym would); another is
+    // a term of the variable's own concept.
+    let mut heads: Vec<Heads> = vec![Heads::default(); defs.len()];
+    for (i, d) in defs.iter().enumerate().filter(|(_, d)| d.elliptic_heads) {
+        let roots: Vec<u32> = d.concepts.iter().filter_map(|c| base.concept_index(c)).collect();
+        heads[i] = Heads::of(&roots, base);
+        let mut forms: Vec<&String> = heads[i].forms.iter().collect();
+        forms.sort();
+        for f in forms {
+            match base.term_concept(f) {
+                Some(c) => known_targets[i].push(c),
+                None if d.synonyms.iter().any(|s| s.eq_ignore_ascii_case(f)) => {}
+                None => extra.push(ExtraTerm {
+                    text: f.clone(),
+                    concept_id: format!("CS:variable:{}", d.name),
+                    kind: EntityKind::parse(&d.kind).unwrap_or(EntityKind::Disease),
+                    preferred: d.name.replace('_', " "),
+                }),
+            }
+        }
+    }
     let lexicon = base.with_extra(&extra).map_err(|e| ConfigError::Invalid(vec![format!("clear.variables: {e}")]))?;
     let vars = defs
         .iter()
         .zip(known_targets)
-        .map(|(d, known)| {
+        .zip(heads)
+        .map(|((d, known), heads)| {
             let mut roots: Vec<u32> = d.concepts.iter().filter_map(|c| lexicon.concept_index(c)).collect();
             if let Some(own) = lexicon.concept_index(&format!("CS:variable:{}", d.name)) {
                 roots.push(own);
@@ -126,6 +229,7 @@ pub fn compile(
                 excluded: d.exclude_sections.iter().cloned().collect(),
                 window_words: d.window_words.unwrap_or(window_words),
                 token_budget: d.token_budget.unwrap_or(token_budget),
+                heads,
                 def: d.clone(),
             }
         })
@@ -248,9 +352,12 @@ pub fn evaluate(
     index: &TargetIndex,
 ) -> Vec<VariableResult> {
     let mut targets: Vec<Vec<&Mention>> = vec![Vec::new(); vars.len()];
-    for m in mentions {
+    for (i, m) in mentions.iter().enumerate() {
         for &v in index.variables_of.get(&m.concept).map(Vec::as_slice).unwrap_or_default() {
-            if vars[v as usize].admits_section(sections[m.section].name) {
+            let var = &vars[v as usize];
+            if var.admits_section(sections[m.section].name)
+                && (var.heads.forms.is_empty() || !var.heads.of_another_site(text, mentions, i))
+            {
                 targets[v as usize].push(m);
             }
         }
