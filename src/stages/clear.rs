@@ -7,12 +7,12 @@
 //! Targets: the variable's concepts and all their descendants in the lexicon hierarchies, plus its own synonyms
 //! (added to the lexicon as a concept `CS:variable:<name>`); with `elliptic_heads`, also the head noun of each of
 //! its concepts' preferred names said alone ("effusion", "edema"; a lexicon term targets its concept, another joins
-//! the variable's own), except right after an anatomy term of another site ("ankle edema"). Sections: an optional allow-list and deny-list of
-//! canonical names. Decision: each target mention votes with its section's weight — affirmed (and historical,
-//! unless `historical_is_present = false`) for present, uncertain or hypothetical for uncertain, negated for
-//! absent; mentions about family members do not vote. The heaviest vote wins (ties: present, uncertain, absent);
-//! confidence is the winner's share of the votes. Context tokens are counted as words plus punctuation marks
-//! in the kept windows, so the count stays bounded by the budget however long the note is.
+//! the variable's own), except right after an anatomy term of another site ("ankle edema"). Sections: an optional
+//! allow-list and deny-list of canonical names. Decision: each target mention votes with its section's weight —
+//! affirmed (and historical, unless `historical_is_present = false`) for present, uncertain or hypothetical for
+//! uncertain, negated for absent; mentions about family members do not vote. The heaviest vote wins (ties: present,
+//! uncertain, absent); confidence is the winner's share of the votes. Context tokens are counted as words plus
+//! punctuation marks in the kept windows, so the count stays bounded by the budget however long the note is.
 
 use std::collections::{HashMap, HashSet};
 
