@@ -387,9 +387,12 @@ pub struct StoreSettings {
     pub halt_after_ms: u64,
     /// BM25 average chunk length (words) for the sparse vector.
     pub bm25_avg_len: f64,
-    /// Hybrid search: the dense ranking's share of the fused score (`store::fuse_by_score`; 1 = dense alone, 0 =
-    /// BM25 alone).
+    /// Hybrid search: the dense ranking's share of the fused score when no candidate holds the question's rare words
+    /// (`store::Fusion`; 1 = dense alone, 0 = BM25 alone).
     pub dense_weight: f32,
+    /// Hybrid search: the dense share when the best BM25 candidate holds all of the question's rare words (its score
+    /// is the question's IDF mass); linearly between the two. Equal to `dense_weight`: one fixed weight.
+    pub dense_weight_matched: f32,
     /// Embedded store: after this many points written or deleted, flush the segments and run Qdrant's optimizers
     /// (vacuum, merge, index) in the background; 0 = only flush at shutdown.
     pub maintain_every: u64,
@@ -990,6 +993,9 @@ impl Settings {
         }
         if !(0.0..=1.0).contains(&st.dense_weight) {
             problems.push("store.dense_weight: must be between 0 and 1".to_string());
+        }
+        if !(0.0..=1.0).contains(&st.dense_weight_matched) {
+            problems.push("store.dense_weight_matched: must be between 0 and 1".to_string());
         }
         if st.shards == 0 || (st.kind == "embedded" && st.shards > 64) {
             problems.push("store.shards: must be at least 1 (and at most 64 for the embedded store)".to_string());

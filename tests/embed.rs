@@ -1439,7 +1439,7 @@ async fn eval_qa_on_a_small_record_set() {
         label_cache: &cache,
         show_errors: false,
         chunker: None,
-        dense_weight: s.store.dense_weight,
+        fusion: clinstream::store::Fusion::of(&s.store),
         bm25_avg_len: s.store.bm25_avg_len,
         summaries: None,
         llm: None,

@@ -12,7 +12,7 @@
 //!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
 //!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
 //!   statistics, and the two fused by their scaled scores as the store fuses them (`store::fuse_by_score`,
-//!   `store.dense_weight`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken best first while they fit the
+//!   `store.dense_weight`, `store.dense_weight_matched`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken best first while they fit the
 //!   budget. Ranked figures for these: Hit@1/5/10 and MRR of the first evidence-bearing chunk. Their answer
 //!   comes from the same vote over the aligned entities' mentions inside the returned chunks, so the strategies
 //!   differ only in the context they return;
@@ -168,8 +168,8 @@ pub struct QaRun<'a> {
     pub show_errors: bool,
     /// The indexer's chunker for the chunk strategies (`--chunks index`); `None`: word-packed chunks.
     pub chunker: Option<&'a crate::index::Chunker>,
-    /// `hybrid`: the dense share of the fused score (`store.dense_weight`).
-    pub dense_weight: f32,
+    /// `hybrid`: the dense share of the fused score (`store.dense_weight`, `store.dense_weight_matched`).
+    pub fusion: crate::store::Fusion,
     /// `bm25`, `hybrid`: the BM25 encoder's average document length (`store.bm25_avg_len`).
     pub bm25_avg_len: f64,
     /// Ask this LLM too.
@@ -196,7 +196,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         label_cache,
         show_errors,
         chunker,
-        dense_weight,
+        fusion,
         bm25_avg_len,
         llm,
         sample,
@@ -569,11 +569,12 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         "dense" => ids(dense_scored()),
                         "bm25" => ids(bm25_scored()),
                         "hybrid-rrf" => rrf(&[ids(dense_scored()), ids(bm25_scored())]),
-                        // `hybrid`, or `hybrid@W` with its own dense weight (to compare weights in one run).
+                        // `hybrid`, or `hybrid@W` with a fixed dense weight, `hybrid@W:M` with `W` and `M` as
+                        // `store.dense_weight` and `store.dense_weight_matched` (to compare weights in one run).
                         _ => crate::store::fuse_by_score(
                             as_hits(dense_scored()),
                             as_hits(bm25_scored()),
-                            other.strip_prefix("hybrid@").and_then(|w| w.parse().ok()).unwrap_or(dense_weight),
+                            other.strip_prefix("hybrid@").and_then(parse_fusion).unwrap_or(fusion),
                             bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
                             usize::MAX,
                         )
@@ -955,7 +956,16 @@ fn chunk_all(docs: &[Document]) -> Vec<Chunk> {
     out
 }
 
-/// BM25 (k1 = 1.2, b = 0.75) over the chunks, statistics from the whole corpus.
+/// The fusion of a `hybrid@W` (a fixed dense weight) or `hybrid@W:M` strategy (`store.dense_weight` W and
+/// `store.dense_weight_matched` M), both between 0 and 1.
+pub fn parse_fusion(spec: &str) -> Option<crate::store::Fusion> {
+    let weight = |w: &str| w.parse::<f32>().ok().filter(|w| (0.0..=1.0).contains(w));
+    match spec.split_once(':') {
+        None => weight(spec).map(crate::store::Fusion::fixed),
+        Some((w, m)) => Some(crate::store::Fusion { dense_weight: weight(w)?, dense_weight_matched: weight(m)? }),
+    }
+}
+
 /// BM25 as the stores score it: the store's own sparse vectors (`store::bm25`: Qdrant's tokenizer, stemmer and
 /// stopwords, the document side's term-frequency saturation) times Qdrant's IDF modifier over every chunk of the set,
 /// so that `bm25` and `hybrid` here rank what `/v1/search` would rank.

@@ -110,7 +110,9 @@ pub use super::facts::Fact;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Hit {
     pub id: String,
-    /// Fused hybrid score (`store.dense_weight` × cosine + the rest × BM25 over the question's IDF mass; 0 for a neighbour).
+    /// Fused hybrid score (a dense share × cosine + the rest × BM25 over the question's IDF mass; the share from
+    /// `store.dense_weight` down to `store.dense_weight_matched` as the best BM25 hit holds more of the question's
+    /// rare words; 0 for a neighbour).
     pub score: f32,
     /// `doc_id`, `doc_version`, `doc_date`, `patient`, `section`, `text`, `entities`, `prev_chunk_id`,
     /// `next_chunk_id`, ... (docs/embedding.md lists every field).
@@ -271,7 +273,7 @@ pub struct SearchRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SearchStrategy {
-    /// The patient's chunks by dense and BM25 scores fused (`store.dense_weight`).
+    /// The patient's chunks by dense and BM25 scores fused (`store.dense_weight`, `store.dense_weight_matched`).
     #[default]
     Hybrid,
     /// The chunks by the dense vector alone.

@@ -253,12 +253,18 @@ pub fn assemble_with(
         let mut targets: Vec<&Mention> = note
             .mentions
             .iter()
-            .filter(|m| alignment.concepts.contains_key(&m.concept))
-            .filter(|m| {
-                // The answer variable's section filters apply to its own mentions.
+            .enumerate()
+            .filter(|(_, m)| alignment.concepts.contains_key(&m.concept))
+            .filter(|&(i, m)| {
+                // The answer variable's section filters apply to its own mentions, and so does its other-site rule
+                // (a head said alone right after another site's anatomy term is that site's finding: "ankle edema").
                 !alignment.answer_concepts.contains(&m.concept)
-                    || variable.is_none_or(|v| v.admits_section(note.sections[m.section].name))
+                    || variable.is_none_or(|v| {
+                        v.admits_section(note.sections[m.section].name)
+                            && !v.heads().of_another_site(note.text, note.mentions, i)
+                    })
             })
+            .map(|(_, m)| m)
             .collect();
         targets.sort_by_key(|m| m.start);
         mentions_found += targets.len();
@@ -931,6 +937,45 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_head_after_another_sites_anatomy_term_is_no_window_of_the_variable() {
+        use crate::query::windows::{WindowNote, build, relations};
+        let p = pipeline();
+        let lexicon = p.lexicon();
+        let docs = [
+            doc(
+                &p,
+                "legs",
+                "2024-02-01",
+                &format!("{} EXTREMITIES: 2+ ankle edema bilaterally. {}", filler(30), filler(30)),
+            ),
+            doc(&p, "cxr", "2024-01-01", &format!("{} IMPRESSION: No pulmonary edema. {}", filler(30), filler(30))),
+        ];
+        let question = "Is there pulmonary edema?";
+        let c = context(&p, &docs, question, 1000, 10);
+        assert!(c.windows.iter().all(|w| w.doc_id != "legs"), "{:?}", c.windows);
+        assert_eq!(c.answer.status, Label::Absent, "the chest film's negation decides, not the ankles");
+        // The same from the stored windows the service reads.
+        let notes: Vec<WindowNote> = docs
+            .iter()
+            .flat_map(|d| {
+                build(&d.note.text, &d.sections, &d.mentions, &relations(&d.kg), p.lexicon(), 30)
+                    .into_iter()
+                    .map(move |w| WindowNote::new(d.note.doc_id.clone(), "1".into(), None, w, lexicon))
+            })
+            .collect();
+        assert!(notes.iter().any(|n| n.doc_id == "legs"), "the ankle's window is stored (its anatomy mention)");
+        let stored: Vec<PatientNote<'_>> = notes.iter().map(PatientNote::from).collect();
+        let a = align(question, &[], p.lexicon(), p.variables(), &LabelIndex::default(), None, Default::default());
+        let from_stored = assemble(&stored, &a, p.variables(), p.lexicon(), ContextParams::new(1000, 10), &words);
+        assert!(from_stored.windows.iter().all(|w| w.doc_id != "legs"), "{:?}", from_stored.windows);
+        assert_eq!(from_stored.answer.status, Label::Absent);
+        // Without the anatomy term the head alone is the variable's (the rule removes only the other site's).
+        let bare = [doc(&p, "b", "2024-03-01", &format!("{} IMPRESSION: Mild edema. {}", filler(30), filler(30)))];
+        let c = context(&p, &bare, question, 1000, 10);
+        assert_eq!(c.answer.status, Label::Present, "{:?}", c.windows);
     }
 
     #[test]

@@ -92,7 +92,7 @@ impl Heads {
 
     /// Whether the mention at `i` is a head said alone right after an anatomy term of another site ("ankle edema",
     /// "knee effusion"): that is the other site's finding, not the variable's.
-    fn of_another_site(&self, text: &str, mentions: &[Mention], i: usize) -> bool {
+    pub fn of_another_site(&self, text: &str, mentions: &[Mention], i: usize) -> bool {
         let m = &mentions[i];
         if !text.get(m.start..m.end).is_some_and(|t| self.forms.contains(&t.to_ascii_lowercase())) {
             return false;

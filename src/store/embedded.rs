@@ -42,8 +42,8 @@ pub struct EmbeddedStore {
     shards: Vec<Shard>,
     batch: usize,
     maintain_every: u64,
-    /// Hybrid search: the dense share of the fused score (`store.dense_weight`).
-    dense_weight: f32,
+    /// Hybrid search: the dense share of the fused score (`store.dense_weight`, `store.dense_weight_matched`).
+    fusion: super::Fusion,
 }
 
 /// A task for a shard's writer thread.
@@ -439,7 +439,7 @@ impl EmbeddedStore {
             shards,
             batch: s.upsert_batch.max(1),
             maintain_every: s.maintain_every,
-            dense_weight: s.dense_weight,
+            fusion: super::Fusion::of(s),
         })
     }
 
@@ -578,7 +578,7 @@ impl EmbeddedStore {
         );
         let dense_hits = merge_by_score(dense_hits?, candidates);
         let sparse_hits = merge_by_score(sparse_hits?, candidates);
-        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.dense_weight, mass?, q.top))
+        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.fusion, mass?, q.top))
     }
 
     /// `Store::idf_mass`: per term, the best point holding it in each shard (no filter, no payload, its sparse

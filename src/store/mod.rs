@@ -466,21 +466,51 @@ pub(crate) fn except_filter(doc_ids: &[&str], keep: &[uuid::Uuid]) -> Value {
     })
 }
 
+/// The dense share of a hybrid search's fused score (`store.dense_weight`, `store.dense_weight_matched`): from
+/// `dense_weight` when no candidate holds the question's rare words down to `dense_weight_matched` when the best
+/// BM25 candidate holds all of them (its score is the question's whole IDF mass), linearly between. A question stated
+/// in the notes' own words ("pneumothorax" asked, "pneumothorax" written) leans on BM25; a paraphrase whose words
+/// the notes lack ("air in the pleural space") keeps the dense order, which a partial match of common words would
+/// otherwise reshuffle. Equal weights are a fixed weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fusion {
+    pub dense_weight: f32,
+    pub dense_weight_matched: f32,
+}
+
+impl Fusion {
+    /// The fusion the store settings name (`store.dense_weight`, `store.dense_weight_matched`).
+    pub fn of(s: &crate::config::StoreSettings) -> Self {
+        Fusion { dense_weight: s.dense_weight, dense_weight_matched: s.dense_weight_matched }
+    }
+
+    /// One weight for every question.
+    pub fn fixed(dense_weight: f32) -> Self {
+        Fusion { dense_weight, dense_weight_matched: dense_weight }
+    }
+
+    /// The dense share for a question whose best BM25 candidate scores `best_share` of its IDF mass.
+    pub fn weight(&self, best_share: f32) -> f32 {
+        let c = if best_share.is_finite() { best_share.clamp(0.0, 1.0) } else { 0.0 };
+        (self.dense_weight - (self.dense_weight - self.dense_weight_matched) * c).clamp(0.0, 1.0)
+    }
+}
+
 /// Fuses a dense and a sparse ranking of the same query by their scores: a hit scores
-/// `dense_weight × cosine + (1 − dense_weight) × bm25 / idf_mass` (each 0 for a list it is not in), best first, ties
+/// `w × cosine + (1 − w) × bm25 / idf_mass` (each 0 for a list it is not in; `w` from `fusion` and the best BM25
+/// hit's share of the IDF mass, [`Fusion::weight`]), best first, ties
 /// by the rank in the heavier list, then in the other; at most `top`. Cosines are comparable across queries and
 /// lists as they are; BM25 scores are not, so they are scaled by the query's IDF mass — the sum of its terms' IDFs
 /// (`Store::idf_mass`), which a chunk holding every term once at the average length scores — so a chunk's share is
 /// how much of the question's rare words it holds: a match of a common word alone ("patient", "heart") counts
 /// little, a match of the rare concept the question names counts fully, even when it is the best BM25 hit either
 /// way (scaling by the list's best, used before, gave a weak best match the full share). Unlike reciprocal rank
-/// fusion it keeps how far apart the scores are. `dense_weight` 1 is dense alone, 0 BM25 alone. Pure (tested
-/// below).
-pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, dense_weight: f32, idf_mass: f32, top: usize) -> Vec<Hit> {
-    let w = dense_weight.clamp(0.0, 1.0);
+/// fusion it keeps how far apart the scores are. A weight of 1 is dense alone, 0 BM25 alone. Pure (tested below).
+pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, fusion: Fusion, idf_mass: f32, top: usize) -> Vec<Hit> {
     let scale = if idf_mass > 0.0 { 1.0 / idf_mass } else { 0.0 };
     let ds: Vec<f32> = dense.iter().map(|h| h.score).collect();
     let ss: Vec<f32> = sparse.iter().map(|h| h.score * scale).collect();
+    let w = fusion.weight(ss.iter().copied().fold(0.0, f32::max));
     // (hit, fused score, dense rank, sparse rank)
     let mut fused: Vec<(Hit, f32, usize, usize)> = Vec::with_capacity(dense.len() + sparse.len());
     let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -539,36 +569,59 @@ mod tests {
         let dense = vec![hit("a", 0.9), hit("b", 0.3), hit("c", 0.1)];
         let sparse = vec![hit("b", 5.0), hit("a", 4.9), hit("d", 1.0)];
         assert_eq!(
-            ids(fuse_by_score(dense.clone(), sparse.clone(), 0.5, 5.0, 10)),
+            ids(fuse_by_score(dense.clone(), sparse.clone(), Fusion::fixed(0.5), 5.0, 10)),
             ["a", "b", "d", "c"].map(String::from)
         );
         // Weight 1 is the dense ranking, weight 0 the BM25 one (hits of the other list after, in their order).
         assert_eq!(
-            ids(fuse_by_score(dense.clone(), sparse.clone(), 1.0, 5.0, 4)),
+            ids(fuse_by_score(dense.clone(), sparse.clone(), Fusion::fixed(1.0), 5.0, 4)),
             ["a", "b", "c", "d"].map(String::from)
         );
         assert_eq!(
-            ids(fuse_by_score(dense.clone(), sparse.clone(), 0.0, 5.0, 4)),
+            ids(fuse_by_score(dense.clone(), sparse.clone(), Fusion::fixed(0.0), 5.0, 4)),
             ["b", "a", "d", "c"].map(String::from)
         );
         // Close cosines: the exact term match decides (a record of a few chunks, where dense alone guesses).
         let close = vec![hit("hpi", 0.55), hit("plan", 0.52)];
         let term = vec![hit("plan", 3.0)];
-        assert_eq!(ids(fuse_by_score(close.clone(), term.clone(), 0.8, 3.0, 1)), ["plan"]);
+        assert_eq!(ids(fuse_by_score(close.clone(), term.clone(), Fusion::fixed(0.8), 3.0, 1)), ["plan"]);
         // The same best BM25 hit when it holds only a common word of the question (IDF mass 30: the rare words
         // are elsewhere or nowhere): it counts for little, and the dense order stands.
-        assert_eq!(ids(fuse_by_score(close, term, 0.8, 30.0, 1)), ["hpi"]);
+        assert_eq!(ids(fuse_by_score(close, term, Fusion::fixed(0.8), 30.0, 1)), ["hpi"]);
         // Fused scores, best first, at most `top`; no BM25 hit leaves the dense order and scores scaled by weight.
-        let f = fuse_by_score(dense.clone(), sparse.clone(), 0.7, 5.0, 2);
+        let f = fuse_by_score(dense.clone(), sparse.clone(), Fusion::fixed(0.7), 5.0, 2);
         assert_eq!(f.len(), 2);
         assert!(f[0].score >= f[1].score && f[0].score <= 1.0);
-        let alone = fuse_by_score(dense.clone(), Vec::new(), 0.5, 5.0, 10);
+        let alone = fuse_by_score(dense.clone(), Vec::new(), Fusion::fixed(0.5), 5.0, 10);
         assert_eq!(ids(alone.clone()), ["a", "b", "c"].map(String::from));
         assert_eq!(alone[0].score, 0.45);
         // No IDF mass (no term of the question in the store): the BM25 list adds nothing.
-        assert_eq!(ids(fuse_by_score(dense, sparse, 0.5, 0.0, 3)), ["a", "b", "c"].map(String::from));
+        assert_eq!(ids(fuse_by_score(dense, sparse, Fusion::fixed(0.5), 0.0, 3)), ["a", "b", "c"].map(String::from));
         assert_eq!(idf_of(6.0, 1.0, 2.0), 3.0);
         assert_eq!(idf_of(6.0, 1.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn the_dense_share_falls_as_a_chunk_holds_more_of_the_questions_rare_words() {
+        let ids = |v: Vec<Hit>| v.into_iter().map(|h| h.id).collect::<Vec<_>>();
+        let f = Fusion { dense_weight: 0.95, dense_weight_matched: 0.7 };
+        assert_eq!(f.weight(0.0), 0.95);
+        assert!((f.weight(1.0) - 0.7).abs() < 1e-6);
+        assert!((f.weight(0.5) - 0.825).abs() < 1e-6);
+        assert!((f.weight(3.0) - 0.7).abs() < 1e-6, "more than the mass (a term repeated) is all of it");
+        assert_eq!(f.weight(f32::NAN), 0.95);
+        assert_eq!(Fusion::fixed(0.8).weight(0.6), 0.8);
+        // Dense prefers hpi a little. A BM25 hit holding 0.3 of the question's IDF mass (its common words) moves
+        // a fixed 0.7 to it, but not the adaptive weight (0.875 here); one holding all of it (the concept asked for,
+        // in the notes' words) does.
+        let close = vec![hit("hpi", 0.55), hit("plan", 0.50)];
+        let partial = vec![hit("plan", 0.9)];
+        assert_eq!(ids(fuse_by_score(close.clone(), partial.clone(), Fusion::fixed(0.7), 3.0, 1)), ["plan"]);
+        assert_eq!(ids(fuse_by_score(close.clone(), partial, f, 3.0, 1)), ["hpi"]);
+        let whole = vec![hit("plan", 3.0)];
+        let fused = fuse_by_score(close, whole, f, 3.0, 2);
+        assert_eq!(ids(fused.clone()), ["plan", "hpi"]);
+        assert!((fused[0].score - (0.7 * 0.5 + 0.3)).abs() < 1e-6, "{fused:?}");
     }
 
     #[test]

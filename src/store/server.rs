@@ -30,8 +30,8 @@ pub struct ServerStore {
     /// With int8 vectors: rescore twice the candidates at full precision (`make bench`: recall@10 0.977 at
     /// oversampling 1, 0.996 at 2 — that of full-precision HNSW).
     int8: bool,
-    /// Hybrid search: the dense share of the fused score (`store.dense_weight`).
-    dense_weight: f32,
+    /// Hybrid search: the dense share of the fused score (`store.dense_weight`, `store.dense_weight_matched`).
+    fusion: super::Fusion,
 }
 
 /// Oversampling of quantized candidates in hybrid search (see `ServerStore::int8`).
@@ -160,7 +160,7 @@ impl ServerStore {
                 collection: name.clone(),
                 batch: s.upsert_batch,
                 int8: s.quantization == "int8",
-                dense_weight: s.dense_weight,
+                fusion: super::Fusion::of(s),
             };
             // Resolves aliases too: a missing collection is a clear error, not an empty answer later.
             store.client.collection_info(name).await.map_err(|e| match classify("collection_info", e) {
@@ -176,7 +176,7 @@ impl ServerStore {
             collection: s.collection.clone(),
             batch: s.upsert_batch,
             int8: s.quantization == "int8",
-            dense_weight: s.dense_weight,
+            fusion: super::Fusion::of(s),
         };
         let exists =
             store.client.collection_exists(&store.collection).await.map_err(|e| classify("collection_exists", e))?;
@@ -407,7 +407,7 @@ impl ServerStore {
             tokio::join!(self.client.query(dense), self.client.query(sparse), self.idf_mass(&q.sparse));
         let dense = dense.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
         let sparse = sparse.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
-        Ok(super::fuse_by_score(dense, sparse, self.dense_weight, mass?, q.top))
+        Ok(super::fuse_by_score(dense, sparse, self.fusion, mass?, q.top))
     }
 
     /// `Store::idf_mass`: per term (asked at once), the best point holding it (no filter, no payload, its sparse

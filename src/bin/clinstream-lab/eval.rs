@@ -61,11 +61,12 @@ pub enum EvalCommand {
         /// Comma-separated: clear (windows, then the nearest chunks in what they leave of the budget: what `serve`
         /// answers by default; `clear@0.5` with another share of the budget for related windows when the answer
         /// target is not mentioned; `clear+cptf`, `clear+cptf@0.4` with each window filtered by CPTF to that share
-        /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score with
-        /// `store.dense_weight`; `hybrid@0.6` with another weight), hybrid-rrf (fused by reciprocal rank), tree
-        /// (RAPTOR's collapsed tree over the same chunks, built under `raptor.*`; `tree:128` with summaries of 128
-        /// tokens; `tree@mean` with summaries retrieved by their members' mean vector; `tree+cptf`, `tree+cptf@0.7`
-        /// with summaries CPTF-compressed to that share of their sentences' tokens, 0.5 by default).
+        /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score
+        /// with `store.dense_weight` and `store.dense_weight_matched`; `hybrid@0.6` with one fixed weight,
+        /// `hybrid@0.9:0.6` with those two), hybrid-rrf (fused by reciprocal rank), tree (RAPTOR's collapsed tree
+        /// over the same chunks, built under `raptor.*`; `tree:128` with summaries of 128 tokens; `tree@mean` with
+        /// summaries retrieved by their members' mean vector; `tree+cptf`, `tree+cptf@0.7` with summaries
+        /// CPTF-compressed to that share of their sentences' tokens, 0.5 by default).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
@@ -256,13 +257,13 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                                         .and_then(|w| w.parse::<f32>().ok())
                                         .is_some_and(|w| w > 0.0 && w <= 1.0))
                         }
-                        || s.strip_prefix("hybrid@")
-                            .or_else(|| s.strip_prefix("clear@"))
+                        || s.strip_prefix("hybrid@").and_then(clinstream::eval::qa::parse_fusion).is_some()
+                        || s.strip_prefix("clear@")
                             .or_else(|| s.strip_prefix("clear+cptf@"))
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT, hybrid-rrf, tree, tree@mean, tree+llm, tree+cptf[@RATIO], \
+                     bm25, hybrid, hybrid@WEIGHT[:MATCHED], hybrid-rrf, tree, tree@mean, tree+llm, tree+cptf[@RATIO], \
                      tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
                 );
             }
@@ -325,7 +326,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     label_cache: &cache_dir,
                     show_errors,
                     chunker: chunker.as_ref(),
-                    dense_weight: settings.store.dense_weight,
+                    fusion: clinstream::store::Fusion::of(&settings.store),
                     bm25_avg_len: settings.store.bm25_avg_len,
                     llm: eval_llm.as_ref(),
                     sample: sample as usize,
