@@ -12,10 +12,10 @@
 //!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
 //!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
 //!   statistics, and the two fused by their scaled scores as the store fuses them (`store::fuse_by_score`,
-//!   `store.dense_weight`, `store.dense_weight_matched`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken best first while they fit the
-//!   budget. Ranked figures for these: Hit@1/5/10 and MRR of the first evidence-bearing chunk. Their answer
-//!   comes from the same vote over the aligned entities' mentions inside the returned chunks, so the strategies
-//!   differ only in the context they return;
+//!   `store.dense_weight`, `store.dense_weight_matched`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken
+//!   best first while they fit the budget. Ranked figures for these: Hit@1/5/10 and MRR of the first
+//!   evidence-bearing chunk. Their answer comes from the same vote over the aligned entities' mentions inside the
+//!   returned chunks, so the strategies differ only in the context they return;
 //! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
 //!   vectors (`raptor.*`), its summaries ranked with the chunks by cosine to the question and taken while they fit
 //!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree:128` with

@@ -961,7 +961,7 @@ pub(crate) mod tests {
         let notes: Vec<WindowNote> = docs
             .iter()
             .flat_map(|d| {
-                build(&d.note.text, &d.sections, &d.mentions, &relations(&d.kg), p.lexicon(), 30)
+                build(&d.note.text, &d.sections, &d.mentions, &relations(&d.kg), lexicon, 30)
                     .into_iter()
                     .map(move |w| WindowNote::new(d.note.doc_id.clone(), "1".into(), None, w, lexicon))
             })

@@ -94,7 +94,9 @@ impl Heads {
     /// "knee effusion"): that is the other site's finding, not the variable's.
     pub fn of_another_site(&self, text: &str, mentions: &[Mention], i: usize) -> bool {
         let m = &mentions[i];
-        if !text.get(m.start..m.end).is_some_and(|t| self.forms.contains(&t.to_ascii_lowercase())) {
+        if self.forms.is_empty()
+            || !text.get(m.start..m.end).is_some_and(|t| self.forms.contains(&t.to_ascii_lowercase()))
+        {
             return false;
         }
         let Some(before) = i.checked_sub(1).map(|j| &mentions[j]) else { return false };
@@ -355,9 +357,7 @@ pub fn evaluate(
     for (i, m) in mentions.iter().enumerate() {
         for &v in index.variables_of.get(&m.concept).map(Vec::as_slice).unwrap_or_default() {
             let var = &vars[v as usize];
-            if var.admits_section(sections[m.section].name)
-                && (var.heads.forms.is_empty() || !var.heads.of_another_site(text, mentions, i))
-            {
+            if var.admits_section(sections[m.section].name) && !var.heads.of_another_site(text, mentions, i) {
                 targets[v as usize].push(m);
             }
         }
