@@ -5,6 +5,8 @@
 #      sentencizer configuration and another clinstream pass back to back;
 #   1b. start-up (`explain` on one sentence; BASE_BIN beside when given) and how cost grows with note length
 #      (clinstream-lab bench growth: real notes to the longest, synthetic 10k-65k-token notes; GROWTH=0 skips);
+#   2a. tokenizing: the worker's path against the model's full tokenizer on every sentence of TOKENS_NOTES notes
+#      (default 2,000), one thread, with whether every sentence got the same ids;
 #   2. embedding: the worker's embedder against a bare ONNX Runtime loop (EMBED_LIMIT notes, default 200), for the
 #      fp32 model and beside it the int8 model (model.int8.onnx, with its cosine to fp32 on the same inputs);
 #   2b. SEOS vector modes (groups = exact, sentences, composed) and fixed-size chunks on SEOS_NOTES notes (default
@@ -67,6 +69,8 @@ if [ "${GROWTH:-1}" != 0 ]; then
   echo "how cost grows with note length (text stages and indexing, up to 65k-token notes)..." >&2
   "$LAB" bench growth --csv "$WORK/mtsamples.csv" > "$WORK/growth.json"
 fi
+echo "tokenizing: the worker's path against the full tokenizer (same sentences, one thread)..." >&2
+"$LAB" bench tokens --csv "$WORK/mtsamples.csv" --limit "${TOKENS_NOTES:-2000}" > "$WORK/tokens.json"
 echo "embedding: the worker's embedder against a bare ONNX Runtime loop (same model, inputs, batches, threads)..." >&2
 "$LAB" bench embed --csv "$WORK/mtsamples.csv" --limit "${EMBED_LIMIT:-200}" > "$WORK/embed.json"
 echo "embedding with the int8 model (and its cosine to fp32 on 3,000 of the same inputs)..." >&2
@@ -182,6 +186,7 @@ startup = json.load(open(f"{work}/startup.json"))
 growth = json.load(open(f"{work}/growth.json"))
 m = json.load(open(f"{work}/medspacy.json"))
 e = json.load(open(f"{work}/embed.json"))
+tok = json.load(open(f"{work}/tokens.json"))
 e8 = json.load(open(f"{work}/embed-int8.json"))
 seos = json.load(open(f"{work}/seos.json"))
 seos_e2e = json.load(open(f"{work}/seos-e2e.json"))
@@ -229,6 +234,7 @@ result = {
     "startup": startup,
     "growth": growth,
     "medspacy": m,
+    "tokenizing": tok,
     "embedding": e,
     "embedding_int8": e8,
     "seos_modes": seos,
@@ -293,6 +299,9 @@ for b in c["clear_budget"]:
         continue
     to = b["words_to"] or "+"
     print(f"  {b['words_from']}-{to} words: {b['notes']} notes, note {b['mean_note_tokens']:.0f} tokens, context mean {b['mean_context_tokens']:.0f} max {b['max_context_tokens']} (budget {c['token_budget']})")
+print(f"tokenizing ({tok['sentences']} sentences, {tok['tokens']} tokens, one thread): worker "
+      f"{tok['worker_tokens_per_s']:.0f} tokens/s, full tokenizer {tok['full_tokenizer_tokens_per_s']:.0f}; "
+      f"ratio {tok['ratio']:.2f}, same ids: {tok['identical']}")
 print(f"embedding ({e['model']}, {e['provider']}, {e['notes']} notes, {e['inputs']} sentence groups, {e['tokens']} tokens): "
       f"worker {e['worker_tokens_per_s']:.0f} tokens/s, bare ORT loop {e['bare_tokens_per_s']:.0f} tokens/s, ratio {e['ratio']:.3f}")
 print(f"embedding, int8 model: worker {e8['worker_tokens_per_s']:.0f} tokens/s, bare {e8['bare_tokens_per_s']:.0f}; "

@@ -511,14 +511,7 @@ impl Chunker {
         version: &str,
     ) -> Result<(Vec<Point>, usize), DocError> {
         let v = version.to_string();
-        self.on_cpu(doc, move |cpu, d| {
-            let Chunked { chunks, vectors, units, .. } = chunked;
-            let mut points = cpu.points(d, &chunks, &units, vectors, &v);
-            let n = points.len();
-            points.extend(cpu.window_points(d, &v));
-            (points, n)
-        })
-        .await
+        self.on_cpu(doc, move |cpu, d| cpu.document_points(d, chunked, &v)).await
     }
 }
 
@@ -602,11 +595,17 @@ impl Indexer {
         let chunked = self.chunker.chunk(doc).await?;
         metrics().stage_duration.with_label_values(&["embed"]).observe(clock.elapsed().as_secs_f64());
         let v = note.version.clone().unwrap_or_default();
-        let (points, n) = self.chunker.points(doc, chunked, &v).await?;
+        let (points, n) = self.chunker.points(doc, chunked.clone(), &v).await?;
         let clock = Instant::now();
         // The points, then the document's other points (older versions), grouped with other documents' writes;
-        // then any documents this one replaces.
-        self.retrying(|| self.writer.write(&note.doc_id, points.clone())).await?;
+        // then any documents this one replaces. The first write takes the points; a retry makes them again from
+        // the chunks (a copy of every payload kept for a write that rarely fails cost more than the making).
+        let mut ready = Some(points);
+        self.retrying(|| {
+            let points = ready.take().unwrap_or_else(|| self.chunker.cpu.document_points(doc, chunked.clone(), &v).0);
+            self.writer.write(&note.doc_id, points)
+        })
+        .await?;
         for replaced in note.replaces() {
             self.retrying(|| self.writer.write(replaced, Vec::new())).await?;
         }
@@ -699,6 +698,16 @@ impl Indexer {
 }
 
 impl Cpu {
+    /// A chunked document's points: its chunks with their vectors, BM25 vectors and payloads, then its entity
+    /// windows; and how many of them are chunks.
+    fn document_points(&self, d: &Document, chunked: Chunked, version: &str) -> (Vec<Point>, usize) {
+        let Chunked { chunks, vectors, units, .. } = chunked;
+        let mut points = self.points(d, &chunks, &units, vectors, version);
+        let n = points.len();
+        points.extend(self.window_points(d, version));
+        (points, n)
+    }
+
     /// The units of a document: its sentences, cut at token boundaries when longer than the planner's unit cap.
     pub fn units(&self, doc: &Document) -> Vec<Unit> {
         self.units_encoded(doc).0

@@ -294,6 +294,13 @@ impl Embedder {
         self.tokenizer.ids(text, true).map_err(|e| EmbedError::Inference(format!("tokenizer: {e}")))
     }
 
+    /// [`Embedder::encode_one`] through the full tokenizer, without the shortcuts of `tokens` (the same ids; the
+    /// reference `bench tokens` times the worker's path against).
+    pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+        let e = self.tokenizer.full().encode_fast(text, true);
+        e.map(|e| e.get_ids().to_vec()).map_err(|e| EmbedError::Inference(format!("tokenizer: {e}")))
+    }
+
     /// Embeds already-encoded inputs (unit vectors, in input order).
     pub async fn embed_ids(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.send(inputs, false).await

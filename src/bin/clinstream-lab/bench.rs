@@ -72,6 +72,23 @@ pub enum BenchCommand {
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Tokenizing as the worker does (`embed::Embedder::encode_one`: the ASCII shortcuts) against the model's full
+    /// tokenizer on the same sentences (every sentence of the notes, as SEOS encodes them), alternately, one
+    /// thread; prints JSON with tokens/s of each, their ratio and whether every sentence got the same ids.
+    Tokens {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long, default_value = "transcription")]
+        column: String,
+        /// Notes to take from the CSV.
+        #[arg(long, default_value_t = 2000)]
+        limit: usize,
+        /// Alternating runs of each side; the best of each is kept.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long, env = "CLINSTREAM_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Query-service latency over HTTP: indexes `--documents` into the embedded store (and a new collection on
     /// `--url`, a Qdrant server), then sends the questions as /v1/context and /v1/search from 1 and 8 clients;
     /// prints p50/p99 and requests/s per store, route and clients, with the ratios (JSON).
@@ -222,6 +239,13 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string(&r)?);
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Tokens { csv, column, limit, runs, config } => {
+            let (settings, pipeline) = pipeline(config.as_deref())?;
+            let events = measure::events(&csv, &column, Some(limit)).context("reading the corpus")?;
+            let r = measure::tokens(&settings, &pipeline, &events, runs)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Serve { documents, questions, url, requests, clients, keep, answers, compress, config } => {

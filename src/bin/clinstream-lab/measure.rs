@@ -253,6 +253,67 @@ pub fn embed_inputs(
         .collect()
 }
 
+/// `bench tokens`: the worker's tokenizing against the full tokenizer.
+#[derive(Debug, Serialize)]
+pub struct TokensBench {
+    pub model: String,
+    pub sentences: usize,
+    pub ascii_share: f64,
+    pub tokens: usize,
+    pub worker_tokens_per_s: f64,
+    pub full_tokenizer_tokens_per_s: f64,
+    pub ratio: f64,
+    /// Every sentence got the same ids both ways.
+    pub identical: bool,
+    pub runs: usize,
+}
+
+/// Every sentence of the notes through `Embedder::encode_one` and through the full tokenizer, alternately, `runs`
+/// times each on one thread; the best time of each.
+pub fn tokens(
+    settings: &clinstream::config::Settings,
+    pipeline: &Pipeline,
+    events: &[Vec<u8>],
+    runs: usize,
+) -> anyhow::Result<TokensBench> {
+    let embedder = clinstream::embed::Embedder::start(&settings.embed)?;
+    let docs: Vec<_> = events.iter().filter_map(|e| pipeline.process(e).ok()).collect();
+    let sentences: Vec<&str> =
+        docs.iter().flat_map(|d| d.sentences.iter().map(|s| &d.note.text[s.start..s.end])).collect();
+    let ascii = sentences.iter().filter(|s| s.is_ascii()).count();
+    let mut identical = true;
+    let mut tokens = 0;
+    for s in &sentences {
+        let (worker, full) = (embedder.encode_one(s)?, embedder.encode_reference(s)?);
+        identical &= worker == full;
+        tokens += full.len();
+    }
+    let time = |f: &dyn Fn(&str) -> Result<Vec<u32>, clinstream::embed::EmbedError>| -> anyhow::Result<f64> {
+        let clock = Instant::now();
+        let mut n = 0;
+        for s in &sentences {
+            n += f(s)?.len();
+        }
+        Ok(n as f64 / clock.elapsed().as_secs_f64())
+    };
+    let (mut worker, mut full) = (0f64, 0f64);
+    for _ in 0..runs.max(1) {
+        worker = worker.max(time(&|s| embedder.encode_one(s))?);
+        full = full.max(time(&|s| embedder.encode_reference(s))?);
+    }
+    Ok(TokensBench {
+        model: embedder.info().name.clone(),
+        sentences: sentences.len(),
+        ascii_share: ascii as f64 / sentences.len().max(1) as f64,
+        tokens,
+        worker_tokens_per_s: worker.round(),
+        full_tokenizer_tokens_per_s: full.round(),
+        ratio: (worker / full * 100.0).round() / 100.0,
+        identical,
+        runs: runs.max(1),
+    })
+}
+
 /// Runs the worker path (the embedder handle, one concurrent request per note, at most `in_flight` at once) and
 /// the bare loop alternately, `runs` times each, and keeps the best of each.
 pub fn embed(
