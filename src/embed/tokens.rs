@@ -188,9 +188,7 @@ impl Tokens {
         };
         let mut tokens = Tokens { full, ascii };
         // The word pieces cut here must be the tokenizer's: checked on probes, left off otherwise.
-        if let Some(a) = &tokens.ascii
-            && a.pieces.is_some()
-            && !tokens.agrees_on_probes()
+        if !tokens.agrees_on_probes()
             && let Some(a) = tokens.ascii.as_mut()
         {
             a.pieces = None;
