@@ -205,8 +205,10 @@ impl Tokens {
     pub(crate) fn ids(&self, text: &str, special: bool) -> tokenizers::Result<Vec<u32>> {
         match &self.ascii {
             Some(a) if text.is_ascii() => {
+                // The mapped text holds every added token the input holds, as written or lowercased (the map only
+                // lowercases and drops control characters), so one look suffices.
                 let mapped = a.map(text);
-                if a.holds_added(text) || a.holds_added(&mapped) {
+                if a.holds_added(&mapped) {
                     return Ok(self.full.encode_fast(text, special)?.get_ids().to_vec());
                 }
                 match &a.pieces {
