@@ -207,6 +207,7 @@ def run(bin_, events_path, n, workers, work):
         tokens = sum(total(b, "clinstream_embed_tokens_total ") for b in bodies)
         model_s = sum(total(b, "clinstream_embed_batch_duration_seconds_sum") for b in bodies)
         upserted = sum(total(b, 'clinstream_qdrant_points_total{operation="upserted"}') for b in bodies)
+        fetches = sum(total(b, "clinstream_kafka_fetch_requests_total") for b in bodies)
         groups = sum(total(b, "clinstream_qdrant_group_documents_count") for b in bodies)
         group_docs = sum(total(b, "clinstream_qdrant_group_documents_sum") for b in bodies)
         upsert_s = sum(total(b, "clinstream_qdrant_upsert_duration_seconds_sum") for b in bodies)
@@ -223,6 +224,8 @@ def run(bin_, events_path, n, workers, work):
             "bottleneck": busiest,
             # Where the machine's CPU went while the notes ran (seconds): the broker shares the cores in this bench.
             "cpu_seconds": {k: round(v, 1) for k, v in cpu.items()},
+            # Fetch requests the workers' consumers sent (librdkafka's statistics): each costs the broker CPU.
+            "fetch_requests": int(fetches),
             "cores": os.cpu_count(),
             "seconds_to_assigned": round(assigned, 2) if assigned is not None else None,
             "mean_in_flight": round(sum(in_flight) / len(in_flight), 1) if in_flight else None,

@@ -1887,3 +1887,57 @@ async fn server_store_idf_mass_is_its_own_idf() {
     let Some(s) = server_settings(dir.path(), &server) else { return };
     idf_mass_is_the_stores_own_idf(s).await;
 }
+
+/// The keyword indexes a store gets: the fields clinstream filters on by default, three more with
+/// `store.payload_indexes = "all"`; reopened with the default, a store keeps the indexes it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_indexes_are_the_fields_filtered_on_unless_all_are_asked_for() {
+    use std::collections::BTreeSet;
+    let filtered: BTreeSet<String> = clinstream::store::INDEXED_FIELDS
+        .iter()
+        .chain(clinstream::store::INTEGER_FIELDS)
+        .map(|f| f.to_string())
+        .collect();
+    assert!(filtered.contains("patient") && filtered.contains("doc_day") && !filtered.contains("entity_terms"));
+    let all: BTreeSet<String> =
+        filtered.iter().cloned().chain(clinstream::store::DIRECT_QUERY_FIELDS.iter().map(|f| f.to_string())).collect();
+    assert_eq!(all.len(), filtered.len() + 3);
+
+    // Embedded: the shard's own schema, read with the engine after the store is closed.
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    let embedded = |path: PathBuf| -> BTreeSet<String> {
+        let shard = qdrant_edge::EdgeShard::load(&path, None).unwrap();
+        shard.info().unwrap().payload_schema.keys().map(|k| k.to_string()).collect()
+    };
+    let path = PathBuf::from(&s.store.path);
+    for (setting, want) in [("filters", &filtered), ("all", &all), ("filters", &all)] {
+        s.store.payload_indexes = setting.into();
+        let store = Store::open(&s.store, 384).await.unwrap();
+        store.flush().await.unwrap();
+        drop(store);
+        assert_eq!(&embedded(path.clone()), want, "embedded store opened with {setting}");
+    }
+    let mut bad = s.store.clone();
+    bad.payload_indexes = "some".into();
+    let mut settings_bad = s.clone();
+    settings_bad.store = bad;
+    let e = settings_bad.validate().unwrap_err().to_string();
+    assert!(e.contains("store.payload_indexes"), "{e}");
+
+    // A Qdrant server: the collection's payload schema.
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(mut s) = server_settings(dir.path(), &server) else { return };
+    let mut client = qdrant_client::Qdrant::from_url(&server.url);
+    if !server.api_key.is_empty() {
+        client = client.api_key(server.api_key.clone());
+    }
+    let client = client.build().unwrap();
+    for (setting, want) in [("filters", &filtered), ("all", &all), ("filters", &all)] {
+        s.store.payload_indexes = setting.into();
+        Store::open(&s.store, 384).await.unwrap();
+        let info = client.collection_info(&s.store.collection).await.unwrap().result.unwrap();
+        let have: BTreeSet<String> = info.payload_schema.keys().cloned().collect();
+        assert_eq!(&have, want, "server collection opened with {setting}");
+    }
+}

@@ -34,7 +34,7 @@ use qdrant_edge::{
 };
 use serde_json::Value;
 
-use super::{DENSE, Filters, Hit, INDEXED_FIELDS, INTEGER_FIELDS, Point, Query, Record, SPARSE, StoreError};
+use super::{DENSE, Filters, Hit, INTEGER_FIELDS, Point, Query, Record, SPARSE, StoreError, keyword_fields};
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
 
@@ -142,11 +142,12 @@ fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ 
     move |e| StoreError::fatal(format!("embedded store: {what}: {e}"))
 }
 
-/// Creates the payload indexes the shard lacks (all of them in a new store; fields added by a newer clinstream in
-/// an older one).
-fn ensure_indexes(shard: &EdgeShard) -> Result<(), StoreError> {
+/// Creates the payload indexes the shard lacks (all of them in a new store; fields added by a newer clinstream, or
+/// by `store.payload_indexes = "all"`, in an older one). An index the settings no longer ask for is left in place.
+fn ensure_indexes(shard: &EdgeShard, s: &StoreSettings) -> Result<(), StoreError> {
     let have = shard.info().map_err(fatal("could not read the store's indexes"))?.payload_schema;
-    let wanted = INDEXED_FIELDS.iter().map(|f| (*f, "keyword")).chain(INTEGER_FIELDS.iter().map(|f| (*f, "integer")));
+    let wanted =
+        keyword_fields(s).into_iter().map(|f| (f, "keyword")).chain(INTEGER_FIELDS.iter().map(|f| (*f, "integer")));
     for (field, kind) in wanted {
         let path =
             field.parse::<JsonPath>().map_err(|_| StoreError::fatal(format!("payload index field `{field}`")))?;
@@ -220,7 +221,7 @@ fn open_shard(path: &Path, s: &StoreSettings, dim: Option<usize>) -> Result<Edge
         EdgeShard::new(path, config).map_err(fatal("could not create the store"))?
     };
     if dim.is_some() {
-        ensure_indexes(&shard)?;
+        ensure_indexes(&shard, s)?;
     }
     Ok(shard)
 }

@@ -26,20 +26,20 @@ use crate::error::ErrorCode;
 pub const DENSE: &str = "dense";
 /// Name of the sparse (BM25) vector in the collection.
 pub const SPARSE: &str = "bm25";
-/// Payload fields with a keyword index (created before any data is written; added to older collections when a
-/// writer opens them).
-pub const INDEXED_FIELDS: &[&str] = &[
-    "patient",
-    "doc_id",
-    "doc_version",
-    "doc_type",
-    "section",
-    "sections",
-    "entity_kinds",
-    "entity_terms",
-    "concepts",
-    "record",
-];
+/// Payload fields with a keyword index: the ones clinstream's own reads and deletes filter on (created before any
+/// data is written; added to older collections when a writer opens them).
+pub const INDEXED_FIELDS: &[&str] = &["patient", "doc_id", "doc_version", "doc_type", "sections", "concepts", "record"];
+/// Payload fields no clinstream read filters on, indexed only with `store.payload_indexes = "all"` for tools that
+/// query the collection directly across patients. Every clinstream search filters by `patient` first, so the
+/// engine selects a patient's few hundred points by that index and checks any other condition on them; an index
+/// on these fields would be kept up to date on every write and rebuilt with every segment for nothing.
+pub const DIRECT_QUERY_FIELDS: &[&str] = &["section", "entity_kinds", "entity_terms"];
+
+/// The keyword-indexed payload fields of a store with these settings (`store.payload_indexes`).
+pub fn keyword_fields(s: &StoreSettings) -> Vec<&'static str> {
+    let extra: &[&str] = if s.payload_indexes == "all" { DIRECT_QUERY_FIELDS } else { &[] };
+    INDEXED_FIELDS.iter().chain(extra).copied().collect()
+}
 /// Payload fields with an integer index: `doc_day`, the note's date as `yyyymmdd` (date-range filters).
 pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
 /// The `record` payload value of entity-window points (chunks carry `chunk`; chunks written before windows

@@ -17,8 +17,7 @@ use qdrant_client::qdrant::{
 use qdrant_client::{Payload, Qdrant, QdrantError};
 
 use super::{
-    DENSE, DenseSearch, Filters, Hit, INDEXED_FIELDS, INTEGER_FIELDS, Point, Query, Record, SPARSE, SUMMARY,
-    StoreError, Stored, WINDOW,
+    DENSE, DenseSearch, Filters, Hit, INTEGER_FIELDS, Point, Query, Record, SPARSE, SUMMARY, StoreError, Stored, WINDOW,
 };
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
@@ -185,7 +184,7 @@ impl ServerStore {
         } else {
             store.create(dim, s).await?;
         }
-        store.ensure_indexes().await?;
+        store.ensure_indexes(s).await?;
         if !s.alias.is_empty() {
             store.ensure_alias(&s.alias).await?;
         }
@@ -277,13 +276,14 @@ impl ServerStore {
     }
 
     /// Creates the payload indexes the collection lacks (all of them after `create`, before any point; fields a
-    /// newer clinstream added, in an older collection).
-    async fn ensure_indexes(&self) -> Result<(), StoreError> {
+    /// newer clinstream, or `store.payload_indexes = "all"`, added, in an older collection). An index the settings
+    /// no longer ask for is left in place.
+    async fn ensure_indexes(&self, s: &StoreSettings) -> Result<(), StoreError> {
         let info = self.client.collection_info(&self.collection).await.map_err(|e| classify("collection_info", e))?;
         let have = info.result.map(|r| r.payload_schema).unwrap_or_default();
-        let wanted = INDEXED_FIELDS
-            .iter()
-            .map(|f| (*f, FieldType::Keyword))
+        let wanted = super::keyword_fields(s)
+            .into_iter()
+            .map(|f| (f, FieldType::Keyword))
             .chain(INTEGER_FIELDS.iter().map(|f| (*f, FieldType::Integer)));
         for (field, kind) in wanted {
             if have.contains_key(field) {
