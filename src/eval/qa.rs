@@ -12,7 +12,8 @@
 //!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
 //!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
 //!   statistics, and the two fused by their scaled scores as the store fuses them (`store::fuse_by_score`,
-//!   `store.dense_weight`, `store.dense_weight_matched`; `hybrid-rrf`: by reciprocal rank, k = 60), chunks taken
+//!   `store.dense_weight`, `store.dense_weight_matched`; `hybrid-rrf`: by reciprocal rank, k = 60; `hybrid+dense`:
+//!   the fused ranking and the dense one taken in turn, fused first), chunks taken
 //!   best first while they fit the budget. Ranked figures for these: Hit@1/5/10 and MRR of the first
 //!   evidence-bearing chunk. Their answer comes from the same vote over the aligned entities' mentions inside the
 //!   returned chunks, so the strategies differ only in the context they return;
@@ -569,6 +570,20 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         "dense" => ids(dense_scored()),
                         "bm25" => ids(bm25_scored()),
                         "hybrid-rrf" => rrf(&[ids(dense_scored()), ids(bm25_scored())]),
+                        // The fused ranking and the dense one taken in turn, fused first (`hybrid+dense`).
+                        s if s.starts_with("hybrid+dense") => {
+                            let fused: Vec<usize> = crate::store::fuse_by_score(
+                                as_hits(dense_scored()),
+                                as_hits(bm25_scored()),
+                                s.strip_prefix("hybrid+dense@").and_then(parse_fusion).unwrap_or(fusion),
+                                bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
+                                usize::MAX,
+                            )
+                            .into_iter()
+                            .filter_map(|h| h.id.parse().ok())
+                            .collect();
+                            interleave(&[fused, ids(dense_scored())])
+                        }
                         // `hybrid`, or `hybrid@W` with a fixed dense weight, `hybrid@W:M` with `W` and `M` as
                         // `store.dense_weight` and `store.dense_weight_matched` (to compare weights in one run).
                         _ => crate::store::fuse_by_score(
@@ -803,6 +818,30 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Reciprocal rank fusion of rankings (best first).
+/// Rankings taken in turn — the first one's best, the second one's best not yet taken, … — each item once.
+fn interleave(rankings: &[Vec<usize>]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut at = vec![0; rankings.len()];
+    loop {
+        let mut advanced = false;
+        for (r, i) in rankings.iter().zip(at.iter_mut()) {
+            while *i < r.len() {
+                let id = r[*i];
+                *i += 1;
+                if seen.insert(id) {
+                    out.push(id);
+                    advanced = true;
+                    break;
+                }
+            }
+        }
+        if !advanced {
+            return out;
+        }
+    }
+}
+
 fn rrf(rankings: &[Vec<usize>]) -> Vec<usize> {
     let mut score: HashMap<usize, f32> = HashMap::new();
     for r in rankings {
@@ -1114,6 +1153,13 @@ pub fn multi_note_questions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interleaving_takes_each_ranking_in_turn_and_every_item_once() {
+        assert_eq!(interleave(&[vec![1, 2, 3], vec![2, 4, 1, 5]]), vec![1, 2, 3, 4, 5]);
+        assert_eq!(interleave(&[vec![7], vec![8, 9, 10]]), vec![7, 8, 9, 10]);
+        assert_eq!(interleave(&[vec![], vec![3, 3]]), vec![3]);
+    }
 
     #[test]
     fn bm25_scores_as_the_store_does_stems_stopwords_and_idf() {
