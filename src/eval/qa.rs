@@ -566,36 +566,31 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                             })
                             .collect::<Vec<_>>()
                     };
-                    let ranked = match other {
-                        "dense" => ids(dense_scored()),
-                        "bm25" => ids(bm25_scored()),
-                        "hybrid-rrf" => rrf(&[ids(dense_scored()), ids(bm25_scored())]),
-                        // The fused ranking and the dense one taken in turn, fused first (`hybrid+dense`).
-                        s if s.starts_with("hybrid+dense") => {
-                            let fused: Vec<usize> = crate::store::fuse_by_score(
-                                as_hits(dense_scored()),
-                                as_hits(bm25_scored()),
-                                s.strip_prefix("hybrid+dense@").and_then(parse_fusion).unwrap_or(fusion),
-                                bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
-                                usize::MAX,
-                            )
-                            .into_iter()
-                            .filter_map(|h| h.id.parse().ok())
-                            .collect();
-                            interleave(&[fused, ids(dense_scored())])
-                        }
-                        // `hybrid`, or `hybrid@W` with a fixed dense weight, `hybrid@W:M` with `W` and `M` as
-                        // `store.dense_weight` and `store.dense_weight_matched` (to compare weights in one run).
-                        _ => crate::store::fuse_by_score(
+                    // Dense and BM25 fused by score as the stores fuse them (`store::fuse_by_score`).
+                    let fused = |f: crate::store::Fusion| -> Vec<usize> {
+                        crate::store::fuse_by_score(
                             as_hits(dense_scored()),
                             as_hits(bm25_scored()),
-                            other.strip_prefix("hybrid@").and_then(parse_fusion).unwrap_or(fusion),
+                            f,
                             bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
                             usize::MAX,
                         )
                         .into_iter()
                         .filter_map(|h| h.id.parse().ok())
-                        .collect(),
+                        .collect()
+                    };
+                    let ranked = match other {
+                        "dense" => ids(dense_scored()),
+                        "bm25" => ids(bm25_scored()),
+                        "hybrid-rrf" => rrf(&[ids(dense_scored()), ids(bm25_scored())]),
+                        // The fused ranking and the dense one taken in turn, fused first (`hybrid+dense[@W[:M]]`).
+                        s if s.starts_with("hybrid+dense") => interleave(&[
+                            fused(s.strip_prefix("hybrid+dense@").and_then(parse_fusion).unwrap_or(fusion)),
+                            ids(dense_scored()),
+                        ]),
+                        // `hybrid`, or `hybrid@W` with a fixed dense weight, `hybrid@W:M` with `W` and `M` as
+                        // `store.dense_weight` and `store.dense_weight_matched` (to compare weights in one run).
+                        _ => fused(other.strip_prefix("hybrid@").and_then(parse_fusion).unwrap_or(fusion)),
                     };
                     if !q.evidence.is_empty() {
                         let evidence: Vec<String> = q.evidence.iter().map(|e| squeeze(e)).collect();
@@ -817,7 +812,6 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     dot / (na.sqrt() * nb.sqrt()).max(1e-12)
 }
 
-/// Reciprocal rank fusion of rankings (best first).
 /// Rankings taken in turn — the first one's best, the second one's best not yet taken, … — each item once.
 fn interleave(rankings: &[Vec<usize>]) -> Vec<usize> {
     let mut seen = std::collections::HashSet::new();
@@ -842,6 +836,7 @@ fn interleave(rankings: &[Vec<usize>]) -> Vec<usize> {
     }
 }
 
+/// Reciprocal rank fusion of rankings (best first).
 fn rrf(rankings: &[Vec<usize>]) -> Vec<usize> {
     let mut score: HashMap<usize, f32> = HashMap::new();
     for r in rankings {

@@ -40,6 +40,7 @@ pub fn keyword_fields(s: &StoreSettings) -> Vec<&'static str> {
     let extra: &[&str] = if s.payload_indexes == "all" { DIRECT_QUERY_FIELDS } else { &[] };
     INDEXED_FIELDS.iter().chain(extra).copied().collect()
 }
+
 /// Payload fields with an integer index: `doc_day`, the note's date as `yyyymmdd` (date-range filters).
 pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
 /// The `record` payload value of entity-window points (chunks carry `chunk`; chunks written before windows

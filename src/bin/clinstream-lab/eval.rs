@@ -268,8 +268,8 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT[:MATCHED], hybrid-rrf, hybrid+dense[@WEIGHT[:MATCHED]], tree, tree@mean, tree+llm, tree+cptf[@RATIO], \
-                     tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
+                     bm25, hybrid, hybrid@WEIGHT[:MATCHED], hybrid-rrf, hybrid+dense[@WEIGHT[:MATCHED]], tree, \
+                     tree@mean, tree+llm, tree+cptf[@RATIO], tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
