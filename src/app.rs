@@ -299,12 +299,12 @@ pub async fn run_files(
     let mut summary = std::mem::take(&mut runner.summary);
     let mut failure = result.err();
     if let Some(indexer) = &indexer {
-        // The notes are indexed; a file run also waits for the summaries the LLM is still writing (each call
-        // bounded by llm.timeout_ms), so the store it leaves holds them.
-        let pending = indexer.abstracts_pending();
+        // The notes are indexed; a file run also waits for the summary vectors still being embedded and the
+        // summaries the LLM is still writing (each call bounded by llm.timeout_ms), so the store it leaves holds them.
+        let pending = indexer.tree_work_pending();
         if pending > 0 && failure.is_none() {
-            info!(patients = pending, "Writing abstractive summaries.");
-            indexer.abstracts_settled().await;
+            info!(patients = pending, "Finishing summary trees.");
+            indexer.tree_work_settled().await;
         }
         if let Err(e) = indexer.store().flush().await {
             failure.get_or_insert(RunError::halt(e.code(), e.to_string()));

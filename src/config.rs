@@ -62,6 +62,10 @@ pub struct RaptorSettings {
     /// The vector a summary is stored by: `text` (its text embedded, as in the paper: a model pass over the
     /// summaries a rebuild changes) or `mean` (its members' vectors averaged: no model call).
     pub summary_vectors: String,
+    /// With `text` vectors: new summaries are stored with their members' mean vector and their text embedded after
+    /// the note is acknowledged (one round per patient for the notes that arrived meanwhile); false embeds them
+    /// before.
+    pub background_vectors: bool,
     /// Summaries written by the LLM (`llm.*`) from their members' texts, in the background after each rebuild
     /// (never before a note is acknowledged); a node stays extractive until its summary is written.
     pub abstractive: bool,

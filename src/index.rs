@@ -38,6 +38,8 @@ use crate::telemetry::health;
 use crate::telemetry::metrics::metrics;
 
 mod abstracts;
+mod queue;
+mod vectors;
 
 /// The chunker, the store, and how long to ride out the store.
 pub struct Indexer {
@@ -49,6 +51,22 @@ pub struct Indexer {
     /// RAPTOR's per-patient trees: rebuilt after each note when `raptor.enabled`.
     trees: Arc<Trees>,
     tree_on_write: bool,
+    /// What the trees' background workers (`vectors`, `abstracts`) borrow for a round: they hold it weakly, so the
+    /// store closes when the indexer is dropped (after the round in hand, if any).
+    _parts: Arc<abstracts::Parts>,
+}
+
+/// Dropping the indexer ends its trees' background workers; what they had queued waits for the patients' next
+/// rebuilds (a file run waits for it first: `tree_work_settled`).
+impl Drop for Indexer {
+    fn drop(&mut self) {
+        if let Some(v) = &self.trees.vectors {
+            v.close();
+        }
+        if let Some(a) = &self.trees.abstracts {
+            a.close();
+        }
+    }
 }
 
 /// RAPTOR's summary trees (`query::raptor`): after a note's points are written, its patient's tree is rebuilt from
@@ -67,6 +85,9 @@ struct Trees {
     lanes: std::sync::Mutex<std::collections::HashMap<String, Arc<TreeLane>>>,
     /// `raptor.abstractive`: the LLM's summaries, asked for after each rebuild (`abstracts`).
     abstracts: Option<Arc<abstracts::Abstracts>>,
+    /// `raptor.background_vectors` (with text vectors): new summaries' texts embedded after the rebuild, off the
+    /// acknowledgement path (`vectors`).
+    vectors: Option<Arc<vectors::Vectors>>,
     /// `raptor.compress`: CPTF's token-importance model, which compresses each new summary's sentences.
     importance: Option<Arc<crate::embed::importance::Importance>>,
 }
@@ -160,9 +181,20 @@ impl Trees {
             let sparse = bm25::sparse_document(&self.bm25, abstracts::searched_text(&p));
             let dense = match (kept, reuse) {
                 _ if !self.embed_text => n.vector,
-                // Searched by its abstract once written (`abstracts`), or by the same text as before.
+                // Searched by its abstract once written (`abstracts`), or by the same text as before (still
+                // pending if it was).
                 (Some(k), _) if k.payload.get("abstract").is_some_and(Value::is_string) => k.dense.clone(),
-                (_, Some(k)) => k.dense.clone(),
+                (_, Some(k)) => {
+                    if vectors::is_pending(&k.payload) {
+                        p.insert(vectors::PENDING.into(), true.into());
+                    }
+                    k.dense.clone()
+                }
+                // Its members' mean until `vectors` embeds its text, off the acknowledgement path.
+                _ if self.vectors.is_some() => {
+                    p.insert(vectors::PENDING.into(), true.into());
+                    n.vector
+                }
                 _ => {
                     to_embed.push((points.len(), embedder.encode_one(&text).unwrap_or_default()));
                     Vec::new()
@@ -212,6 +244,28 @@ fn leaf_member(c: store::Stored) -> query::raptor::Member {
         })
         .collect();
     query::raptor::Member { id: c.id, vector: c.dense, sentences }
+}
+
+/// What one rebuild of a patient's tree read, embedded and wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeRebuild {
+    /// The patient's chunks read back.
+    pub leaves: usize,
+    /// Summary points written (the whole tree).
+    pub written: usize,
+    /// Summaries whose text was embedded (the others kept their stored vector).
+    pub embedded: usize,
+    /// The model's input tokens for those.
+    pub embedded_tokens: usize,
+    /// Summaries stored by their members' mean until their text is embedded off the acknowledgement path
+    /// (`raptor.background_vectors`).
+    pub deferred: usize,
+    /// Reading the patient's chunks (and stored summaries); building the tree (clustering, summaries, payloads);
+    /// embedding the summaries embedded here; replacing the patient's summary points.
+    pub read: Duration,
+    pub built: Duration,
+    pub embedding: Duration,
+    pub stored: Duration,
 }
 
 /// Where SEOS's vectors come from (`chunking.seos_vectors`; module docs).
@@ -531,6 +585,8 @@ impl Indexer {
             model: chunker.embedder.info().name.clone(),
             lanes: Default::default(),
             abstracts: abstracts::Abstracts::new(settings).map_err(StartError::Config)?,
+            vectors: (settings.raptor.summary_vectors == "text" && settings.raptor.background_vectors)
+                .then(|| Arc::new(vectors::Vectors::default())),
             importance: match settings.raptor.compress > 0.0 {
                 true => {
                     let (embed, file) = (settings.embed.clone(), settings.serve.compress_model_file.clone());
@@ -545,31 +601,45 @@ impl Indexer {
             },
         });
         let halt_after = Duration::from_millis(settings.store.halt_after_ms);
+        let parts = Arc::new(abstracts::Parts {
+            trees: Arc::clone(&trees),
+            store: Arc::clone(&store),
+            embedder: chunker.embedder.clone(),
+            halt_after,
+        });
         if let Some(a) = &trees.abstracts {
-            let parts = abstracts::Parts {
-                trees: Arc::clone(&trees),
-                store: Arc::clone(&store),
-                embedder: chunker.embedder.clone(),
-                halt_after,
-            };
-            a.spawn(Arc::new(parts), settings.llm.max_concurrent);
+            a.spawn(&parts, settings.llm.max_concurrent);
         }
-        Ok(Indexer { chunker, store, writer, halt_after, trees, tree_on_write: settings.raptor.enabled })
+        if let Some(v) = &trees.vectors {
+            v.spawn(&parts);
+        }
+        Ok(Indexer { chunker, store, writer, halt_after, trees, tree_on_write: settings.raptor.enabled, _parts: parts })
     }
 
     pub fn embedder(&self) -> &Embedder {
         &self.chunker.embedder
     }
 
-    /// Patients whose abstractive summaries are queued or being written (`raptor.abstractive`; 0 when off).
-    pub fn abstracts_pending(&self) -> usize {
+    /// Patients whose tree still has work off the acknowledgement path: summary texts to embed
+    /// (`raptor.background_vectors`) or abstractive summaries to write (`raptor.abstractive`); 0 when neither.
+    pub fn tree_work_pending(&self) -> usize {
         self.trees.abstracts.as_ref().map_or(0, |a| a.pending())
+            + self.trees.vectors.as_ref().map_or(0, |v| v.pending())
     }
 
-    /// Waits until every abstractive summary asked for so far has been written or given up (at once when off).
-    pub async fn abstracts_settled(&self) {
-        if let Some(a) = &self.trees.abstracts {
-            a.settled().await;
+    /// Waits until every summary vector and abstract asked for so far has been stored or given up (at once when
+    /// there is none). The vectors first: an abstract written meanwhile replaces a pending node's vector.
+    pub async fn tree_work_settled(&self) {
+        loop {
+            if let Some(v) = &self.trees.vectors {
+                v.settled().await;
+            }
+            if let Some(a) = &self.trees.abstracts {
+                a.settled().await;
+            }
+            if self.tree_work_pending() == 0 {
+                return;
+            }
         }
     }
 
@@ -647,9 +717,10 @@ impl Indexer {
     /// One rebuild of a patient's tree, whatever `raptor.enabled` says: the patient's chunks read back with their
     /// vectors (and the summaries already stored, whose vectors are kept), the tree built on the blocking pool, the
     /// new summaries' text embedded, the patient's summary points replaced. Store failures are retried as a note's
-    /// own writes are, then halt. Returns the leaves read and the summaries written (`bench tree` times it).
-    pub async fn rebuild_tree(&self, patient: &str) -> Result<(usize, usize), DocError> {
+    /// own writes are, then halt. Returns what it read, embedded and wrote (`bench tree` times it).
+    pub async fn rebuild_tree(&self, patient: &str) -> Result<TreeRebuild, DocError> {
         let to_doc = |e: StoreError| DocError::new(e.code(), Stage::Index, e.to_string());
+        let clock = Instant::now();
         let (leaves, stored) = retry_store(self.halt_after, || async {
             let stored = async {
                 match self.trees.embed_text || self.trees.abstracts.is_some() || self.trees.importance.is_some() {
@@ -662,10 +733,16 @@ impl Indexer {
         .await
         .map_err(to_doc)?;
         let n = leaves.len();
+        let read = clock.elapsed();
+        let clock = Instant::now();
         let (t, p, e) = (Arc::clone(&self.trees), patient.to_string(), self.chunker.embedder.clone());
         let (mut points, to_embed) = tokio::task::spawn_blocking(move || t.points(&p, leaves, &stored, &e))
             .await
             .map_err(|_| DocError::new(ErrorCode::InternalError, Stage::Index, "a tree step failed unexpectedly"))?;
+        let built = clock.elapsed();
+        let clock = Instant::now();
+        let embedded = to_embed.len();
+        let embedded_tokens = to_embed.iter().map(|(_, ids)| ids.len()).sum();
         if !to_embed.is_empty() {
             let (at, ids): (Vec<usize>, Vec<Vec<u32>>) = to_embed.into_iter().unzip();
             let vectors = self
@@ -678,12 +755,29 @@ impl Indexer {
                 points[i].dense = v;
             }
         }
+        let embedding = clock.elapsed();
+        let clock = Instant::now();
         let written = points.len();
         self.retrying(|| self.store.replace_summaries(patient, points.clone())).await?;
+        let stored_in = clock.elapsed();
+        let deferred = points.iter().filter(|p| vectors::is_pending(&p.payload)).count();
+        if let Some(v) = self.trees.vectors.as_ref().filter(|_| deferred > 0) {
+            v.request(patient);
+        }
         if let Some(a) = &self.trees.abstracts {
             a.request(patient);
         }
-        Ok((n, written))
+        Ok(TreeRebuild {
+            leaves: n,
+            written,
+            embedded,
+            embedded_tokens,
+            deferred,
+            read,
+            built,
+            embedding,
+            stored: stored_in,
+        })
     }
 
     /// A store operation for a document: retried while transient (`retry_store`), then a Halt code

@@ -399,7 +399,7 @@ async fn embedded_store_gets_abstractive_summaries_in_the_background_from_one_pa
         let doc = Arc::new(pipeline.process(&service::note(id, patient, text)).unwrap());
         indexer.index(&doc).await.unwrap();
     }
-    assert!(indexer.abstracts_pending() >= 1, "the summaries wait for the LLM");
+    assert!(indexer.tree_work_pending() >= 1, "the summaries wait for the LLM");
     let extractive = indexer.store().summaries(&format!("Patient/{PATIENT}")).await.unwrap();
     assert!(!extractive.is_empty(), "the tree is built without the LLM");
     assert!(extractive.values().all(|n| n.payload.get("abstract").is_none() && n.payload["text"].is_string()));
@@ -448,7 +448,7 @@ async fn abstracts_written(mut s: Settings, server: &LlmServer) {
             let doc = Arc::new(pipeline.process(&service::note(id, patient, text)).unwrap());
             indexer.index(&doc).await.unwrap();
         }
-        indexer.abstracts_settled().await;
+        indexer.tree_work_settled().await;
     };
     let store = indexer.store().clone();
     let requests = || {

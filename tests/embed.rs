@@ -580,7 +580,9 @@ async fn summary_trees(mut s: Settings) {
         assert!(p["doc_ids"].as_array().unwrap().iter().all(|d| texts.contains_key(d.as_str().unwrap())));
     }
     // With `summary_vectors = "text"` a summary is found by its own text (its vector is that text embedded, as the
-    // paper does); with `"mean"` its vector is its children's mean, which no text embeds exactly.
+    // paper does, once the background round has stored it); with `"mean"` its vector is its children's mean, which
+    // no text embeds exactly.
+    indexer.tree_work_settled().await;
     let text = summaries[0].payload["text"].as_str().unwrap().to_string();
     let own = indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
     let q = Query {
@@ -630,6 +632,111 @@ async fn summary_trees(mut s: Settings) {
             && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= 1.0)),
         "{body}"
     );
+}
+
+/// Summary texts embedded off the acknowledgement path (`raptor.background_vectors`, the default), embedded store:
+/// the rebuild stores every new summary with its members' mean vector and the pending flag and embeds nothing; the
+/// background round then gives each the vector its text embeds to — the same vectors, ids and texts as a tree whose
+/// summaries were embedded inside the rebuild — and a rebuild with nothing changed embeds and defers nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_embeds_summary_texts_after_the_rebuild_as_the_rebuild_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = settings(dir.path()) else { return };
+    let inline_dir = tempfile::tempdir().unwrap();
+    let Some(mut inline) = settings(inline_dir.path()) else { return };
+    inline.raptor.background_vectors = false;
+    background_summary_vectors(s, inline).await;
+}
+
+/// The same against a real Qdrant server (two collections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_embeds_summary_texts_after_the_rebuild_as_the_rebuild_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(mut s) = server_settings(dir.path(), &server) else { return };
+    let Some(mut inline) = server_settings(dir.path(), &server) else { return };
+    // Two collections side by side: neither takes the alias.
+    s.store.alias.clear();
+    inline.store.alias.clear();
+    inline.raptor.background_vectors = false;
+    background_summary_vectors(s, inline).await;
+}
+
+async fn background_summary_vectors(mut s: Settings, mut inline: Settings) {
+    for s in [&mut s, &mut inline] {
+        // Rebuilt here, one call at a time, instead of after each note.
+        s.raptor.enabled = false;
+        s.raptor.summary_tokens = 48;
+        s.chunking.chunk_tokens = 32;
+        assert_eq!(s.raptor.summary_vectors, "text");
+    }
+    assert!(s.raptor.background_vectors, "the default");
+    let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+    let tree = |s: Settings| {
+        let pipeline = Arc::clone(&pipeline);
+        async move {
+            let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+            for (i, t) in TREE_NOTES.iter().enumerate() {
+                let doc =
+                    Arc::new(pipeline.process(&note(&format!("t-{i}"), "1", "current", "Patient/t1", t)).unwrap());
+                indexer.index(&doc).await.unwrap();
+            }
+            let rebuild = indexer.rebuild_tree("Patient/t1").await.unwrap();
+            (indexer, rebuild)
+        }
+    };
+    let embedded = |body: &str| {
+        common::metric_value(body, "clinstream_raptor_summary_vectors_total{outcome=\"embedded\"}").unwrap_or(0.0)
+    };
+    let before = embedded(&clinstream::telemetry::metrics::metrics().render());
+    let (indexer, rebuild) = tree(s).await;
+    assert!(rebuild.written >= 1, "{rebuild:?}");
+    assert_eq!((rebuild.embedded, rebuild.embedded_tokens, rebuild.deferred), (0, 0, rebuild.written), "{rebuild:?}");
+    indexer.tree_work_settled().await;
+    assert_eq!(indexer.tree_work_pending(), 0);
+    let nodes = indexer.store().summaries("Patient/t1").await.unwrap();
+    assert_eq!(nodes.len(), rebuild.written);
+    let texts: Vec<&str> = nodes.values().map(|n| n.payload["text"].as_str().unwrap()).collect();
+    let own = indexer.embedder().embed(&texts).await.unwrap();
+    for (n, v) in nodes.values().zip(&own) {
+        assert!(n.payload.get("vector_pending").is_none(), "{:?}", n.payload.get("level"));
+        let cos: f32 = n.dense.iter().zip(v).map(|(a, b)| a * b).sum();
+        assert!(cos > 0.999, "level {:?}: cosine {cos}", n.payload.get("level"));
+    }
+    let after = embedded(&clinstream::telemetry::metrics::metrics().render());
+    assert!(after - before >= rebuild.written as f64, "{before} -> {after}");
+    // Nothing changed: nothing embedded, nothing deferred, every vector kept.
+    let again = indexer.rebuild_tree("Patient/t1").await.unwrap();
+    assert_eq!((again.written, again.embedded, again.deferred), (rebuild.written, 0, 0), "{again:?}");
+    assert_eq!(indexer.tree_work_pending(), 0);
+    let kept = indexer.store().summaries("Patient/t1").await.unwrap();
+    for (id, n) in &nodes {
+        assert_eq!(kept[id].dense, n.dense);
+        assert!(kept[id].payload.get("vector_pending").is_none());
+    }
+    // Embedded inside the rebuild instead: the same tree, the same vectors.
+    let (other, inline_rebuild) = tree(inline).await;
+    assert_eq!(
+        (inline_rebuild.written, inline_rebuild.embedded, inline_rebuild.deferred),
+        (rebuild.written, rebuild.written, 0)
+    );
+    let inline_nodes = other.store().summaries("Patient/t1").await.unwrap();
+    let mut ids: Vec<&String> = nodes.keys().collect();
+    let mut inline_ids: Vec<&String> = inline_nodes.keys().collect();
+    ids.sort();
+    inline_ids.sort();
+    assert_eq!(ids, inline_ids);
+    for (id, n) in &nodes {
+        let m = &inline_nodes[id];
+        assert_eq!(m.payload["text"], n.payload["text"]);
+        let cos: f32 = n.dense.iter().zip(&m.dense).map(|(a, b)| a * b).sum();
+        assert!(cos > 0.999, "{cos}");
+    }
+    for store in [indexer.store(), other.store()] {
+        if let clinstream::store::Store::Server(server) = store.as_ref() {
+            server.drop_collection().await.unwrap();
+        }
+    }
 }
 
 /// CPTF-compressed summaries (`raptor.compress`): a tree first built plain, then rebuilt by a worker with
@@ -683,6 +790,8 @@ async fn compressed_summaries_quote_more_within_their_tokens_and_keep_their_cita
     }
     let plain = summaries(Arc::clone(&indexer)).await;
     assert!(!plain.is_empty());
+    // The summaries' vectors stored (embedded in the background) before the store is closed.
+    indexer.tree_work_settled().await;
     indexer.store().flush().await.unwrap();
     drop(indexer);
     // Rebuilt with compression: every summary recomputed, none reused from the plain tree.
@@ -713,7 +822,8 @@ async fn compressed_summaries_quote_more_within_their_tokens_and_keep_their_cita
     }
     assert!(quoted > quoted_plain, "{quoted} sentences quoted compressed, {quoted_plain} plain");
     assert!(shorter > 0);
-    // Searched by its compressed text.
+    // Searched by its compressed text (embedded in the background).
+    indexer.tree_work_settled().await;
     let text = compressed[0].payload["text"].as_str().unwrap().to_string();
     let own = indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
     let q = Query {
@@ -733,6 +843,8 @@ async fn compressed_summaries_quote_more_within_their_tokens_and_keep_their_cita
         again.iter().map(|h| (&h.id, &h.payload["text"], &h.payload["tokens"])).collect::<Vec<_>>(),
         compressed.iter().map(|h| (&h.id, &h.payload["text"], &h.payload["tokens"])).collect::<Vec<_>>()
     );
+    // The summaries' vectors stored (embedded in the background) before the store is closed.
+    indexer.tree_work_settled().await;
     indexer.store().flush().await.unwrap();
     drop(indexer);
     // Compression off again: the plain summaries come back.

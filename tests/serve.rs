@@ -133,6 +133,8 @@ impl Running {
         for rec in records() {
             r.index(&rec).await;
         }
+        // As a file run leaves the store: the summary trees' vectors stored.
+        r.indexer.tree_work_settled().await;
         let service =
             Service::new(s, r.pipeline.clone(), r.indexer.embedder().clone(), r.indexer.store().clone()).unwrap();
         let clock = std::time::Instant::now();

@@ -22,13 +22,14 @@
 //! dropped the same way. Counted in `clinstream_raptor_abstracts_total{outcome}`. `llm.max_concurrent` patients are
 //! worked on at once; the requests of one patient share the client's `llm.max_concurrent` slots.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
 use tracing::{info, warn};
 
+use super::queue::PatientQueue;
 use super::{TreeLane, Trees, retry_store};
 use crate::config::Settings;
 use crate::embed::Embedder;
@@ -42,18 +43,7 @@ pub(super) struct Abstracts {
     llm: Llm,
     templates: Templates,
     input_tokens: usize,
-    queue: Mutex<Queue>,
-    /// A patient was queued.
-    work: tokio::sync::Notify,
-    /// The queue ran empty with nothing in hand.
-    idle: tokio::sync::Notify,
-}
-
-#[derive(Default)]
-struct Queue {
-    waiting: VecDeque<String>,
-    queued: HashSet<String>,
-    busy: usize,
+    queue: PatientQueue,
 }
 
 /// What storing an abstract needs of the indexer.
@@ -76,72 +66,51 @@ impl Abstracts {
             llm,
             templates,
             input_tokens: settings.raptor.abstract_input_tokens,
-            queue: Mutex::default(),
-            work: tokio::sync::Notify::new(),
-            idle: tokio::sync::Notify::new(),
+            queue: PatientQueue::default(),
         })))
     }
 
-    /// Starts `llm.max_concurrent` workers on the current runtime; they live as long as it does.
-    pub fn spawn(self: &Arc<Self>, parts: Arc<Parts>, workers: usize) {
+    /// Starts `llm.max_concurrent` workers on the current runtime; they end when the queue is closed (`close`),
+    /// holding the indexer's parts only during a patient's round.
+    pub fn spawn(self: &Arc<Self>, parts: &Arc<Parts>, workers: usize) {
         for _ in 0..workers.max(1) {
-            let (me, parts) = (Arc::clone(self), Arc::clone(&parts));
+            let (me, parts) = (Arc::clone(self), Arc::downgrade(parts));
             tokio::spawn(async move { me.work_loop(&parts).await });
         }
     }
 
+    /// Ends the workers; what is queued is left to the patients' next rebuilds.
+    pub fn close(&self) {
+        self.queue.close();
+    }
+
     /// Queues the patient (once, however often asked before a worker takes it). Never waits.
     pub fn request(&self, patient: &str) {
-        let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if q.queued.insert(patient.to_string()) {
-            q.waiting.push_back(patient.to_string());
-            self.work.notify_one();
-        }
+        self.queue.request(patient);
     }
 
     /// Patients queued or being worked on.
     pub fn pending(&self) -> usize {
-        let q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        q.waiting.len() + q.busy
+        self.queue.pending()
     }
 
     /// Waits until every queued patient has been worked on.
     pub async fn settled(&self) {
-        loop {
-            let idle = self.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if self.pending() == 0 {
-                return;
-            }
-            idle.await;
-        }
+        self.queue.settled().await;
     }
 
-    async fn work_loop(&self, parts: &Parts) {
-        loop {
-            let patient = loop {
-                let work = self.work.notified();
-                {
-                    let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                    if let Some(p) = q.waiting.pop_front() {
-                        q.queued.remove(&p);
-                        q.busy += 1;
-                        break p;
-                    }
-                }
-                work.await;
+    async fn work_loop(&self, parts: &Weak<Parts>) {
+        while let Some(patient) = self.queue.next().await {
+            let Some(parts) = parts.upgrade() else {
+                self.queue.done();
+                return;
             };
             let lane = parts.trees.lane(&patient);
-            if let Err(code) = self.write(parts, &patient, &lane).await {
+            if let Err(code) = self.write(&parts, &patient, &lane).await {
                 warn!(code, "Abstractive summaries not stored; the patient's next rebuild asks again.");
             }
             parts.trees.release(&patient, lane);
-            let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            q.busy -= 1;
-            if q.waiting.is_empty() && q.busy == 0 {
-                self.idle.notify_waiters();
-            }
+            self.queue.done();
         }
     }
 
@@ -222,6 +191,7 @@ impl Abstracts {
                 payload.insert("abstract_model".into(), model.into());
                 if let Some(v) = vectors.get(&id) {
                     dense.clone_from(v);
+                    payload.remove(super::vectors::PENDING);
                 }
                 stored += 1;
             }

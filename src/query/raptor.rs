@@ -337,27 +337,10 @@ fn gmm(y: &Array2<f64>, k: usize) -> (f64, Vec<usize>) {
     let mut weights = vec![1.0 / k as f64; k];
     let mut resp = Array2::<f64>::zeros((n, k));
     let mut ll = f64::NEG_INFINITY;
+    let rows: Vec<Vec<f64>> = y.rows().into_iter().map(|row| row.to_vec()).collect();
     for _ in 0..EM_ITERATIONS {
-        // E step, in logs.
-        let mut total = 0.0;
-        for i in 0..n {
-            let mut logs = vec![0f64; k];
-            for c in 0..k {
-                let mut l = weights[c].max(1e-300).ln();
-                for j in 0..r {
-                    let diff = y[[i, j]] - means[c][j];
-                    l -= 0.5 * ((2.0 * std::f64::consts::PI * vars[c][j]).ln() + diff * diff / vars[c][j]);
-                }
-                logs[c] = l;
-            }
-            let m = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let s: f64 = logs.iter().map(|l| (l - m).exp()).sum();
-            let lse = m + s.ln();
-            total += lse;
-            for c in 0..k {
-                resp[[i, c]] = (logs[c] - lse).exp();
-            }
-        }
+        let (total, fitted) = e_step(&rows, &weights, &means, &vars);
+        resp = fitted;
         // M step.
         for c in 0..k {
             let nk: f64 = resp.column(c).sum();
@@ -384,6 +367,45 @@ fn gmm(y: &Array2<f64>, k: usize) -> (f64, Vec<usize>) {
     let labels =
         (0..n).map(|i| (0..k).fold(0, |best, c| if resp[[i, c]] > resp[[i, best]] { c } else { best })).collect();
     (bic, labels)
+}
+
+/// The E step: the mixture's log-likelihood of the rows and each row's responsibilities (`n × k`), in logs. Each
+/// component's normalising term and inverse variances are computed once per step, not once per row and dimension
+/// (those logarithms were most of a rebuild's time).
+fn e_step(rows: &[Vec<f64>], weights: &[f64], means: &[Vec<f64>], vars: &[Vec<f64>]) -> (f64, Array2<f64>) {
+    let k = weights.len();
+    let norms: Vec<f64> = (0..k)
+        .map(|c| {
+            weights[c].max(1e-300).ln()
+                - 0.5 * vars[c].iter().map(|v| (2.0 * std::f64::consts::PI * v).ln()).sum::<f64>()
+        })
+        .collect();
+    let inverse: Vec<Vec<f64>> = vars.iter().map(|v| v.iter().map(|x| 1.0 / x).collect()).collect();
+    let mut resp = Array2::<f64>::zeros((rows.len(), k));
+    let mut logs = vec![0f64; k];
+    let mut total = 0.0;
+    for (i, row) in rows.iter().enumerate() {
+        for c in 0..k {
+            let distance: f64 = row
+                .iter()
+                .zip(&means[c])
+                .zip(&inverse[c])
+                .map(|((x, m), inv)| {
+                    let diff = x - m;
+                    diff * diff * inv
+                })
+                .sum();
+            logs[c] = norms[c] - 0.5 * distance;
+        }
+        let m = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        logs.iter_mut().for_each(|l| *l = (*l - m).exp());
+        let s: f64 = logs.iter().sum();
+        total += m + s.ln();
+        for c in 0..k {
+            resp[[i, c]] = logs[c] / s;
+        }
+    }
+    (total, resp)
 }
 
 /// k-means++ starting means (seeded by k, so a given input always starts alike), refined by a few Lloyd steps.
@@ -477,6 +499,57 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mixture's log-likelihood and responsibilities for given parameters, the textbook way (every term of the
+    /// Gaussian density per row): what `gmm`'s E step must compute.
+    fn textbook_e_step(y: &Array2<f64>, weights: &[f64], means: &[Vec<f64>], vars: &[Vec<f64>]) -> (f64, Array2<f64>) {
+        let (n, r) = y.dim();
+        let k = weights.len();
+        let mut resp = Array2::<f64>::zeros((n, k));
+        let mut total = 0.0;
+        for i in 0..n {
+            let logs: Vec<f64> = (0..k)
+                .map(|c| {
+                    let mut l = weights[c].max(1e-300).ln();
+                    for j in 0..r {
+                        let diff = y[[i, j]] - means[c][j];
+                        l -= 0.5 * ((2.0 * std::f64::consts::PI * vars[c][j]).ln() + diff * diff / vars[c][j]);
+                    }
+                    l
+                })
+                .collect();
+            let m = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + logs.iter().map(|l| (l - m).exp()).sum::<f64>().ln();
+            total += lse;
+            for c in 0..k {
+                resp[[i, c]] = (logs[c] - lse).exp();
+            }
+        }
+        (total, resp)
+    }
+
+    #[test]
+    fn the_e_step_is_the_textbook_one() {
+        let mut state = 7u64;
+        let mut next = || {
+            state = splitmix(state);
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let (n, r, k) = (90, 6, 3);
+        let y = Array2::from_shape_fn((n, r), |(i, j)| next() + if j == i % 3 { 4.0 } else { 0.0 });
+        let weights = vec![0.5, 0.3, 0.2];
+        let means: Vec<Vec<f64>> = (0..k).map(|c| (0..r).map(|j| if j == c { 3.5 } else { 0.1 }).collect()).collect();
+        let vars: Vec<Vec<f64>> = (0..k).map(|c| (0..r).map(|j| 0.05 + 0.1 * (c + j) as f64).collect()).collect();
+        let (want_total, want) = textbook_e_step(&y, &weights, &means, &vars);
+        let (total, got) =
+            e_step(&y.rows().into_iter().map(|r| r.to_vec()).collect::<Vec<_>>(), &weights, &means, &vars);
+        assert!((total - want_total).abs() <= 1e-9 * want_total.abs(), "{total} vs {want_total}");
+        for (a, b) in got.iter().zip(want.iter()) {
+            assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        }
+        // And every row's responsibilities sum to one.
+        assert!(got.rows().into_iter().all(|row| (row.sum() - 1.0).abs() < 1e-12));
+    }
 
     /// A unit vector near axis `axis` of `dim`, nudged by `jitter` on another axis.
     fn near(axis: usize, jitter: f32, other: usize, dim: usize) -> Vec<f32> {

@@ -49,7 +49,11 @@ pub const WINDOW: &str = "window";
 /// The `record` payload value of RAPTOR's summary points (`query::raptor`): one patient's, never a document's
 /// (no `doc_id`: a summary quotes several notes, `doc_ids`), replaced as a whole when the patient's tree is rebuilt.
 pub const SUMMARY: &str = "summary";
-/// Every payload field of a summary point (`index`: the tree's rebuild and its abstractive summaries rewrite them).
+/// The payload flag of a summary stored by its members' mean vector until its text is embedded
+/// (`raptor.background_vectors`).
+pub const VECTOR_PENDING: &str = "vector_pending";
+/// Every payload field of a summary point (`index`: the tree's rebuild, its background vectors and its abstractive
+/// summaries rewrite them).
 pub const SUMMARY_FIELDS: &[&str] = &[
     "record",
     "patient",
@@ -65,6 +69,7 @@ pub const SUMMARY_FIELDS: &[&str] = &[
     "compressed",
     "abstract",
     "abstract_model",
+    VECTOR_PENDING,
 ];
 
 /// The payload fields [`Store::leaves`] returns with each chunk's vector: what a tree's leaf is made of.

@@ -75,6 +75,7 @@ pub const LLM_REQUESTS: &str = "clinstream_llm_requests_total";
 pub const LLM_DURATION: &str = "clinstream_llm_request_duration_seconds";
 pub const LLM_CITATIONS_REFUSED: &str = "clinstream_llm_citations_refused_total";
 pub const RAPTOR_ABSTRACTS: &str = "clinstream_raptor_abstracts_total";
+pub const RAPTOR_SUMMARY_VECTORS: &str = "clinstream_raptor_summary_vectors_total";
 pub const DOCUMENTS_CONSUMED: &str = "clinstream_documents_consumed_total";
 pub const DOCUMENTS_FINISHED: &str = "clinstream_documents_finished_total";
 pub const DEAD_LETTERS: &str = "clinstream_dead_letters_total";
@@ -191,6 +192,9 @@ pub struct Metrics {
     /// (`raptor.abstractive`): stored; the LLM failed (timeout, unavailable, refused); it answered nothing usable;
     /// the node was rebuilt away before its summary was stored.
     pub raptor_abstracts: IntCounterVec,
+    /// `outcome`: `embedded` (summaries whose text vector was stored off the acknowledgement path,
+    /// `raptor.background_vectors`) or `failed` (rounds that stored nothing: the model or the store failed).
+    pub raptor_summary_vectors: IntCounterVec,
     /// `outcome`: one of `FETCH_OUTCOMES`. Attachment fetches by reference, each attempt counted.
     pub fhir_fetches: IntCounterVec,
     /// Time of one fetch attempt (connection, response and body), whatever its outcome.
@@ -485,6 +489,17 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            raptor_summary_vectors: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        RAPTOR_SUMMARY_VECTORS,
+                        "RAPTOR summaries embedded after their rebuild (embedded), or rounds that failed (failed).",
+                    ),
+                    &["outcome"],
+                )
+                .unwrap(),
+            ),
             llm_duration: register(
                 &r,
                 Histogram::with_opts(
@@ -594,6 +609,9 @@ pub fn metrics() -> &'static Metrics {
         }
         for outcome in ["written", "failed", "unusable", "replaced"] {
             m.raptor_abstracts.with_label_values(&[outcome]);
+        }
+        for outcome in ["embedded", "failed"] {
+            m.raptor_summary_vectors.with_label_values(&[outcome]);
         }
         for sink in ["kafka", "log"] {
             for outcome in ["delivered", "failed"] {

@@ -1182,8 +1182,24 @@ pub struct TreeRun {
     pub leaves_max: usize,
     /// Summary points of all patients at the end.
     pub summaries: usize,
+    /// Summaries written per rebuild, and of them those whose text was embedded (the others kept their vector).
+    pub written_mean: f64,
+    pub embedded_mean: f64,
+    /// The model's input tokens per rebuild for those.
+    pub embedded_tokens_mean: f64,
+    /// Summaries per rebuild left to be embedded off the acknowledgement path.
+    pub deferred_mean: f64,
+    /// The rebuild's parts, mean and p99 in ms: reading the patient's points, building the tree, embedding in the
+    /// rebuild, replacing the summary points.
+    pub parts_ms: serde_json::Value,
     /// `raptor.summary_vectors` of the run.
     pub summary_vectors: String,
+    /// Summary texts embedded after the rebuild (`raptor.background_vectors`), timed after each note's rebuild
+    /// (`tree_ms` is then the rebuild in the note's path); 0 when embedded in the rebuild or not at all.
+    pub background_vectors: bool,
+    pub background_ms_p50: f64,
+    pub background_ms_p99: f64,
+    pub background_ms_mean: f64,
     /// Each patient's tree rebuilt once more at the end, nothing changed (no summary to embed): the rebuild's
     /// cost without the model, over every patient's whole record.
     pub unchanged_ms_p50: f64,
@@ -1223,7 +1239,8 @@ pub fn tree(
     let rt = clinstream::cli::runtime(&s)?;
     let r = rt.block_on(async {
         let indexer = clinstream::index::Indexer::start(&s, pipeline.compiled()).await?;
-        let (mut index_ms, mut tree_ms, mut leaves) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut index_ms, mut tree_ms, mut rebuilds) = (Vec::new(), Vec::new(), Vec::new());
+        let mut background_ms = Vec::new();
         let mut patients = std::collections::HashSet::new();
         for line in &lines {
             let Ok(doc) = pipeline.process(line.as_bytes()) else { continue };
@@ -1233,9 +1250,14 @@ pub fn tree(
             indexer.index(&doc).await.map_err(|e| anyhow::anyhow!("indexing: {}", e.code.as_str()))?;
             index_ms.push(clock.elapsed().as_secs_f64() * 1e3);
             let clock = Instant::now();
-            let (n, _) = indexer.rebuild_tree(&patient).await?;
+            let rebuild = indexer.rebuild_tree(&patient).await?;
             tree_ms.push(clock.elapsed().as_secs_f64() * 1e3);
-            leaves.push(n);
+            rebuilds.push(rebuild);
+            // The work left off the acknowledgement path (summary texts to embed), waited for before the next
+            // note so that it is timed alone: no round serves two notes here.
+            let clock = Instant::now();
+            indexer.tree_work_settled().await;
+            background_ms.push(clock.elapsed().as_secs_f64() * 1e3);
             patients.insert(patient);
         }
         let mut unchanged = Vec::new();
@@ -1259,8 +1281,11 @@ pub fn tree(
             v.sort_by(f64::total_cmp);
             v
         };
-        let (im, tm) = (mean(&index_ms), mean(&tree_ms));
-        let (index_ms, tree_ms) = (sorted(index_ms), sorted(tree_ms));
+        let (im, tm, bm) = (mean(&index_ms), mean(&tree_ms), mean(&background_ms));
+        let (index_ms, tree_ms, background_ms) = (sorted(index_ms), sorted(tree_ms), sorted(background_ms));
+        let per_rebuild = |f: fn(&clinstream::index::TreeRebuild) -> usize| {
+            rebuilds.iter().map(f).sum::<usize>() as f64 / rebuilds.len().max(1) as f64
+        };
         anyhow::Ok(TreeRun {
             store: s.store.kind.clone(),
             notes: tree_ms.len(),
@@ -1271,10 +1296,30 @@ pub fn tree(
             tree_ms_p99: percentile(&tree_ms, 0.99),
             tree_ms_max: tree_ms.last().copied().unwrap_or(0.0),
             tree_ms_mean: tm,
-            leaves_mean: leaves.iter().sum::<usize>() as f64 / leaves.len().max(1) as f64,
-            leaves_max: leaves.iter().copied().max().unwrap_or(0),
+            leaves_mean: per_rebuild(|r| r.leaves),
+            leaves_max: rebuilds.iter().map(|r| r.leaves).max().unwrap_or(0),
             summaries,
+            written_mean: per_rebuild(|r| r.written),
+            embedded_mean: per_rebuild(|r| r.embedded),
+            embedded_tokens_mean: per_rebuild(|r| r.embedded_tokens),
+            deferred_mean: per_rebuild(|r| r.deferred),
+            parts_ms: {
+                let part = |f: fn(&clinstream::index::TreeRebuild) -> Duration| {
+                    let v = sorted(rebuilds.iter().map(|r| f(r).as_secs_f64() * 1e3).collect());
+                    serde_json::json!({"mean": mean(&v), "p99": percentile(&v, 0.99)})
+                };
+                serde_json::json!({
+                    "read": part(|r| r.read),
+                    "build": part(|r| r.built),
+                    "embed": part(|r| r.embedding),
+                    "store": part(|r| r.stored),
+                })
+            },
             summary_vectors: s.raptor.summary_vectors.clone(),
+            background_vectors: s.raptor.summary_vectors == "text" && s.raptor.background_vectors,
+            background_ms_p50: percentile(&background_ms, 0.5),
+            background_ms_p99: percentile(&background_ms, 0.99),
+            background_ms_mean: bm,
             unchanged_ms_p50: percentile(&unchanged, 0.5),
             unchanged_ms_p99: percentile(&unchanged, 0.99),
             tree_p99_vs_goal: percentile(&tree_ms, 0.99) / 50.0,
