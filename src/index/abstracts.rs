@@ -191,7 +191,7 @@ impl Abstracts {
                 payload.insert("abstract_model".into(), model.into());
                 if let Some(v) = vectors.get(&id) {
                     dense.clone_from(v);
-                    payload.remove(super::vectors::PENDING);
+                    payload.remove(store::VECTOR_PENDING);
                 }
                 stored += 1;
             }
