@@ -686,7 +686,7 @@ async fn background_summary_vectors(mut s: Settings, mut inline: Settings) {
         }
     };
     let embedded = |body: &str| {
-        common::metric_value(body, "clinstream_raptor_summary_vectors_total{outcome=\"embedded\"}").unwrap_or(0.0)
+        common::metric_value(body, "clinstream_raptor_node_vectors_total{outcome=\"embedded\"}").unwrap_or(0.0)
     };
     let before = embedded(&clinstream::telemetry::metrics::metrics().render());
     let (indexer, rebuild) = tree(s).await;

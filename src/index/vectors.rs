@@ -14,7 +14,7 @@
 //!
 //! Failures never reach a note: an embedding or store failure leaves the nodes pending (still searched by their
 //! members' mean) until the patient's next rebuild queues them again; counted in
-//! `clinstream_raptor_summary_vectors_total{outcome}`. A worker restarted with nodes pending embeds them at the
+//! `clinstream_raptor_node_vectors_total{outcome}`. A worker restarted with nodes pending embeds them at the
 //! patient's next rebuild.
 
 use std::collections::HashMap;
