@@ -403,6 +403,9 @@ pub struct StoreSettings {
     /// Embedded store: threads a maintenance may use to build a segment's HNSW graph; 0 = a quarter of the cores,
     /// at least one.
     pub maintain_threads: usize,
+    /// Embedded store: shards maintained at once; a shard due for maintenance while that many run waits its turn.
+    /// 0 = as many as fit a quarter of the cores at `maintain_threads` each, at least one.
+    pub maintain_concurrency: usize,
     /// Embedded store: a segment whose vectors pass this many KB is rebuilt by maintenance with its HNSW graph and
     /// compact payload indexes; 0 = never (exact search).
     pub index_threshold_kb: usize,
@@ -1132,6 +1135,17 @@ impl StoreSettings {
     pub fn maintain_threads(&self) -> usize {
         match self.maintain_threads {
             0 => (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / 4).max(1),
+            n => n,
+        }
+    }
+
+    /// `maintain_concurrency`, resolved (0 = a quarter of the cores over `maintain_threads`, at least 1).
+    pub fn maintain_concurrency(&self) -> usize {
+        match self.maintain_concurrency {
+            0 => {
+                let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+                (cores / 4 / self.maintain_threads()).max(1)
+            }
             n => n,
         }
     }

@@ -892,6 +892,51 @@ async fn embedded_store_maintenance_keeps_data_whole_while_points_are_rewritten(
     assert_eq!(reopened.count().await.unwrap(), expected, "after a reopen");
 }
 
+/// Shards written evenly fall due for maintenance together; `store.maintain_concurrency` bounds how many are
+/// maintained at once, the others wait their turn, and every shard is still maintained and its data whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_maintains_at_most_maintain_concurrency_shards_at_once() {
+    let fixtures = root().join("tests/fixtures/mtsamples");
+    let mut texts: Vec<String> =
+        std::fs::read_dir(&fixtures).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect();
+    texts.sort();
+    for slots in [1usize, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(mut s) = settings(dir.path()) else { return };
+        s.embed.execution_provider = "synthetic".into();
+        s.embed.allow_synthetic = true;
+        s.store.shards = 6;
+        s.store.maintain_every = 10;
+        s.store.index_threshold_kb = 1;
+        s.store.maintain_concurrency = slots;
+        let pipeline = Arc::new(Pipeline::new(&s).unwrap());
+        let indexer = Indexer::start(&s, pipeline.compiled()).await.unwrap();
+        let store = indexer.store().clone();
+        let before = clinstream::telemetry::metrics::metrics().store_maintenance_duration.get_sample_count();
+        let docs: Vec<_> = (0..60)
+            .map(|i| {
+                let text = &texts[i % texts.len()];
+                Arc::new(
+                    pipeline
+                        .process(&note(&format!("doc-{i}"), "1", "current", &format!("Patient/{}", i % 7), text))
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let written: Vec<usize> = futures_util::future::join_all(docs.iter().map(|d| indexer.index(d)))
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        store.maintenance_idle().await;
+        let runs = clinstream::telemetry::metrics::metrics().store_maintenance_duration.get_sample_count() - before;
+        assert!(runs >= 6, "every shard was due and maintained: {runs} maintenances");
+        let peak = store.maintenance_peak();
+        assert!((1..=slots).contains(&peak), "{peak} shards maintained at once, at most {slots} allowed");
+        assert_eq!(store.count().await.unwrap(), written.iter().sum::<usize>(), "every point kept");
+    }
+}
+
 /// A file run ends its process without waiting out an index maintenance (`store.maintenance_wait_ms = 0`): the
 /// maintenance is dropped as after a crash, and the store it leaves holds exactly what a run that waited for it
 /// holds — the same chunk count and the same answers — after a reopen. Many small maintenances with HNSW graphs

@@ -19,11 +19,13 @@
 //! background task flushes the shard's segments (so closed WAL segments are released) and runs the optimizers —
 //! vacuum of replaced and deleted points, merges, the HNSW index — while updates go on. Without it a long run's
 //! memory grows with every rewrite, even of the same points (docs/benchmarks.md); spaced by the shard's
-//! size, its total cost stays proportional to the points written.
+//! size, its total cost stays proportional to the points written. Shards written evenly fall due together, so at
+//! most `store.maintain_concurrency` shards are maintained at once (`Slots`); the others wait their turn, and a
+//! waiting shard's next maintenance covers what it gathered meanwhile.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use qdrant_edge::{
@@ -59,8 +61,20 @@ struct Shard {
     since_maintenance: AtomicU64,
     /// Points the shard held when the last maintenance ended (its next one waits for half as many updates).
     points_at_maintenance: Arc<AtomicU64>,
-    /// True while a maintenance task runs (at most one at a time).
+    /// True while a maintenance task waits for a slot or runs (at most one per shard).
     maintaining: Arc<AtomicBool>,
+    /// The store's maintenance slots, shared by its shards.
+    slots: Arc<Slots>,
+}
+
+/// The store's maintenance slots (`store.maintain_concurrency`): a shard due for maintenance takes one, or waits
+/// for one, so a store of many shards written evenly (and so due together) rebuilds a few at a time instead of
+/// taking every core from the worker at once.
+struct Slots {
+    permits: Arc<tokio::sync::Semaphore>,
+    running: AtomicUsize,
+    /// The most maintenances that ran at once (`EmbeddedStore::maintenance_peak`).
+    peak: AtomicUsize,
 }
 
 impl Drop for Shard {
@@ -268,7 +282,7 @@ fn holds_shard(path: &Path) -> bool {
 }
 
 impl Shard {
-    fn start(shard: EdgeShard, index: usize) -> Result<Shard, StoreError> {
+    fn start(shard: EdgeShard, index: usize, slots: Arc<Slots>) -> Result<Shard, StoreError> {
         let shard = Arc::new(shard);
         let (tx, rx) = std::sync::mpsc::channel::<Task>();
         let engine = shard.clone();
@@ -287,6 +301,7 @@ impl Shard {
             since_maintenance: AtomicU64::new(0),
             points_at_maintenance: Arc::new(AtomicU64::new(0)),
             maintaining: Arc::new(AtomicBool::new(false)),
+            slots,
         })
     }
 
@@ -316,10 +331,10 @@ impl Shard {
     }
 
     /// Counts `n` points written or deleted; past `maintain_every` and half the points the shard held at its last
-    /// maintenance, starts a maintenance task unless one runs. A maintenance rewrites up to the whole shard (merges,
-    /// the HNSW index), so spacing them by the shard's size keeps their total cost proportional to the points
-    /// written; at a fixed interval it grew with the square of the store (a 4,966-note run spent most of its time
-    /// in maintenance: docs/benchmarks.md).
+    /// maintenance, queues a maintenance for a slot unless one is queued or runs. A maintenance rewrites up to the
+    /// whole shard (merges, the HNSW index), so spacing them by the shard's size keeps their total cost proportional
+    /// to the points written; at a fixed interval it grew with the square of the store (a 4,966-note run spent most
+    /// of its time in maintenance: docs/benchmarks.md).
     fn note_updates(&self, n: u64, maintain_every: u64) {
         if maintain_every == 0 {
             return;
@@ -332,25 +347,47 @@ impl Shard {
             return;
         }
         self.since_maintenance.store(0, Ordering::SeqCst);
-        let (shard, running, size) = (self.shard.clone(), self.maintaining.clone(), self.points_at_maintenance.clone());
-        tokio::task::spawn_blocking(move || {
-            let clock = Instant::now();
-            match shard.flush().and_then(|()| shard.optimize()) {
-                Ok(optimized) => tracing::debug!(
-                    optimized,
-                    took_ms = clock.elapsed().as_millis() as u64,
-                    "Embedded store flushed and optimised."
-                ),
-                Err(e) => tracing::warn!(error = %e, "Embedded store maintenance failed; it is tried again later."),
-            }
-            if let Ok(info) = shard.info() {
-                size.store(info.points_count as u64, Ordering::SeqCst);
-            }
-            metrics().store_maintenance_duration.observe(clock.elapsed().as_secs_f64());
-            // The engine is let go before the task reports itself done: a store dropped once maintenance is idle
-            // releases its directory at once.
-            drop(shard);
-            running.store(false, Ordering::SeqCst);
+        // Waiting for a slot holds the engine weakly: a store dropped meanwhile closes at once, and the queued
+        // maintenance is given up.
+        let (shard, running, size) =
+            (Arc::downgrade(&self.shard), self.maintaining.clone(), self.points_at_maintenance.clone());
+        let slots = self.slots.clone();
+        let m = metrics();
+        m.store_maintenance_shards.with_label_values(&["waiting"]).inc();
+        tokio::spawn(async move {
+            let permit = slots.permits.clone().acquire_owned().await;
+            m.store_maintenance_shards.with_label_values(&["waiting"]).dec();
+            let (Ok(permit), Some(shard)) = (permit, shard.upgrade()) else {
+                running.store(false, Ordering::SeqCst);
+                return;
+            };
+            let now = slots.running.fetch_add(1, Ordering::SeqCst) + 1;
+            slots.peak.fetch_max(now, Ordering::SeqCst);
+            m.store_maintenance_shards.with_label_values(&["running"]).inc();
+            let ended = slots.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let clock = Instant::now();
+                match shard.flush().and_then(|()| shard.optimize()) {
+                    Ok(optimized) => tracing::debug!(
+                        optimized,
+                        took_ms = clock.elapsed().as_millis() as u64,
+                        "Embedded store flushed and optimised."
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "Embedded store maintenance failed; it is tried again later."),
+                }
+                if let Ok(info) = shard.info() {
+                    size.store(info.points_count as u64, Ordering::SeqCst);
+                }
+                m.store_maintenance_duration.observe(clock.elapsed().as_secs_f64());
+                // The engine and the slot are let go before the task reports itself done: a store dropped once
+                // maintenance is idle releases its directory at once.
+                drop(shard);
+                ended.running.fetch_sub(1, Ordering::SeqCst);
+                m.store_maintenance_shards.with_label_values(&["running"]).dec();
+                drop(permit);
+                running.store(false, Ordering::SeqCst);
+            })
+            .await;
         });
     }
 }
@@ -423,12 +460,17 @@ impl EmbeddedStore {
             }
             None => wanted,
         };
+        let slots = Arc::new(Slots {
+            permits: Arc::new(tokio::sync::Semaphore::new(s.maintain_concurrency())),
+            running: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        });
         let mut shards = Vec::with_capacity(n);
         if n == 1 {
-            shards.push(Shard::start(open_shard(path, s, dim)?, 0)?);
+            shards.push(Shard::start(open_shard(path, s, dim)?, 0, slots)?);
         } else {
             for i in 0..n {
-                shards.push(Shard::start(open_shard(&path.join(format!("shard-{i}")), s, dim)?, i)?);
+                shards.push(Shard::start(open_shard(&path.join(format!("shard-{i}")), s, dim)?, i, slots.clone())?);
             }
             let file = path.join(SHARDS_FILE);
             if !file.exists() {
@@ -442,6 +484,12 @@ impl EmbeddedStore {
             maintain_every: s.maintain_every,
             fusion: super::Fusion::of(s),
         })
+    }
+
+    /// The most shard maintenances that ran at once since the store was opened (at most
+    /// `store.maintain_concurrency`).
+    pub fn maintenance_peak(&self) -> usize {
+        self.shards.first().map_or(0, |s| s.slots.peak.load(Ordering::SeqCst))
     }
 
     /// Shards in the store.

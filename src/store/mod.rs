@@ -427,6 +427,14 @@ impl Store {
         }
     }
 
+    /// The most embedded-store shard maintenances that ran at once (`store.maintain_concurrency`); 0 for a server.
+    pub fn maintenance_peak(&self) -> usize {
+        match self {
+            Store::Embedded(s) => s.maintenance_peak(),
+            Store::Server(_) => 0,
+        }
+    }
+
     /// Waits until no background maintenance runs (embedded; a server optimises on its own).
     pub async fn maintenance_idle(&self) {
         if let Store::Embedded(s) = self {

@@ -48,6 +48,7 @@ pub const NAMES: &[&str] = &[
     STORE_RETRIES,
     CHUNKS_PER_DOCUMENT,
     STORE_MAINTENANCE_DURATION,
+    STORE_MAINTENANCE_SHARDS,
     STORE_GROUP_DOCUMENTS,
     STORE_WRITE_DURATION,
     API_REQUESTS,
@@ -107,6 +108,7 @@ pub const STORE_POINTS: &str = "clinstream_qdrant_points_total";
 pub const STORE_RETRIES: &str = "clinstream_qdrant_retries_total";
 pub const CHUNKS_PER_DOCUMENT: &str = "clinstream_chunks_per_document";
 pub const STORE_MAINTENANCE_DURATION: &str = "clinstream_qdrant_maintenance_duration_seconds";
+pub const STORE_MAINTENANCE_SHARDS: &str = "clinstream_qdrant_maintenance_shards";
 pub const STORE_GROUP_DOCUMENTS: &str = "clinstream_qdrant_group_documents";
 pub const STORE_WRITE_DURATION: &str = "clinstream_qdrant_write_duration_seconds";
 
@@ -167,6 +169,9 @@ pub struct Metrics {
     pub chunks_per_document: Histogram,
     /// Embedded store: one background flush + optimisation (`store.maintain_every`).
     pub store_maintenance_duration: Histogram,
+    /// Embedded store, `state`: running | waiting: shards being maintained now, and shards due and waiting for a
+    /// slot (`store.maintain_concurrency`).
+    pub store_maintenance_shards: IntGaugeVec,
     /// Documents per grouped store write (`store::Writer`: one upsert of their points, one delete of their older
     /// versions).
     pub store_group_documents: Histogram,
@@ -424,6 +429,17 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            store_maintenance_shards: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        STORE_MAINTENANCE_SHARDS,
+                        "Embedded store: shards being maintained (running) and due, waiting for a slot (waiting).",
+                    ),
+                    &["state"],
+                )
+                .unwrap(),
+            ),
             store_group_documents: register(
                 &r,
                 Histogram::with_opts(
@@ -585,6 +601,9 @@ pub fn metrics() -> &'static Metrics {
         }
         for store in ["embedded", "qdrant"] {
             m.store_upsert_duration.with_label_values(&[store]);
+        }
+        for state in ["running", "waiting"] {
+            m.store_maintenance_shards.with_label_values(&[state]);
         }
         for outcome in ["written", "dead_lettered"] {
             m.documents_finished.with_label_values(&[outcome]);
