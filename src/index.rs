@@ -53,7 +53,7 @@ pub struct Indexer {
     tree_on_write: bool,
     /// What the trees' background workers (`vectors`, `abstracts`) borrow for a round: they hold it weakly, so the
     /// store closes when the indexer is dropped (after the round in hand, if any).
-    _parts: Arc<abstracts::Parts>,
+    _parts: Arc<queue::Parts>,
 }
 
 /// Dropping the indexer ends its trees' background workers; what they had queued waits for the patients' next
@@ -601,7 +601,7 @@ impl Indexer {
             },
         });
         let halt_after = Duration::from_millis(settings.store.halt_after_ms);
-        let parts = Arc::new(abstracts::Parts {
+        let parts = Arc::new(queue::Parts {
             trees: Arc::clone(&trees),
             store: Arc::clone(&store),
             embedder: chunker.embedder.clone(),

@@ -23,19 +23,17 @@
 //! worked on at once; the requests of one patient share the client's `llm.max_concurrent` slots.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::queue::PatientQueue;
-use super::{TreeLane, Trees, retry_store};
+use super::queue::{Parts, PatientQueue, Round};
+use super::{TreeLane, retry_store};
 use crate::config::Settings;
-use crate::embed::Embedder;
 use crate::llm::Llm;
 use crate::query::answer::{self, Templates};
-use crate::store::{self, Point, Store, Stored, bm25};
+use crate::store::{self, Point, Stored, bm25};
 use crate::telemetry::metrics::metrics;
 
 /// The abstracts' queue and the LLM they are asked of.
@@ -44,14 +42,6 @@ pub(super) struct Abstracts {
     templates: Templates,
     input_tokens: usize,
     queue: PatientQueue,
-}
-
-/// What storing an abstract needs of the indexer.
-pub(super) struct Parts {
-    pub trees: Arc<Trees>,
-    pub store: Arc<Store>,
-    pub embedder: Embedder,
-    pub halt_after: Duration,
 }
 
 impl Abstracts {
@@ -75,7 +65,7 @@ impl Abstracts {
     pub fn spawn(self: &Arc<Self>, parts: &Arc<Parts>, workers: usize) {
         for _ in 0..workers.max(1) {
             let (me, parts) = (Arc::clone(self), Arc::downgrade(parts));
-            tokio::spawn(async move { me.work_loop(&parts).await });
+            tokio::spawn(async move { me.queue.work(&*me, &parts).await });
         }
     }
 
@@ -97,21 +87,6 @@ impl Abstracts {
     /// Waits until every queued patient has been worked on.
     pub async fn settled(&self) {
         self.queue.settled().await;
-    }
-
-    async fn work_loop(&self, parts: &Weak<Parts>) {
-        while let Some(patient) = self.queue.next().await {
-            let Some(parts) = parts.upgrade() else {
-                self.queue.done();
-                return;
-            };
-            let lane = parts.trees.lane(&patient);
-            if let Err(code) = self.write(&parts, &patient, &lane).await {
-                warn!(code, "Abstractive summaries not stored; the patient's next rebuild asks again.");
-            }
-            parts.trees.release(&patient, lane);
-            self.queue.done();
-        }
     }
 
     /// One patient's round: the nodes without an abstract, lowest level first, each written by the LLM from its
@@ -235,6 +210,14 @@ impl Abstracts {
                     None => snapshot.get(id).map(|s| searched_text(&s.payload).to_string()),
                 })
                 .collect()
+        }
+    }
+}
+
+impl Round for Abstracts {
+    async fn round(&self, parts: &Parts, patient: &str, lane: &TreeLane) {
+        if let Err(code) = self.write(parts, patient, lane).await {
+            warn!(code, "Abstractive summaries not stored; the patient's next rebuild asks again.");
         }
     }
 }

@@ -1,10 +1,30 @@
 //! A queue of patients whose tree has work left after a rebuild (`abstracts`, `vectors`): a patient is queued
 //! once however often it is asked for before a worker takes it, so a burst of one patient's notes costs one round.
 //! Asking never waits; `settled` waits until nothing is queued or in hand (a file run's end). `close` (the indexer
-//! dropped) lets the workers end: what is still queued is left to the patients' next rebuilds.
+//! dropped) lets the workers end: what is still queued is left to the patients' next rebuilds. `work` is the workers'
+//! loop: each patient taken is worked on by the part's `Round` under the patient's tree lane, with the indexer's
+//! `Parts` held only for the round.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use super::{TreeLane, Trees};
+use crate::embed::Embedder;
+use crate::store::Store;
+
+/// What the background parts need of the indexer; held weakly by their workers.
+pub(super) struct Parts {
+    pub trees: Arc<Trees>,
+    pub store: Arc<Store>,
+    pub embedder: Embedder,
+    pub halt_after: Duration,
+}
+
+/// One patient's round of a background part, run under the patient's tree lane; it handles its own failures.
+pub(super) trait Round: Sync {
+    fn round(&self, parts: &Parts, patient: &str, lane: &TreeLane) -> impl Future<Output = ()> + Send;
+}
 
 #[derive(Default)]
 pub(super) struct PatientQueue {
@@ -71,6 +91,21 @@ impl PatientQueue {
                 }
             }
             work.await;
+        }
+    }
+
+    /// A worker: takes patients until the queue is closed, each worked on by `round` under its tree lane with the
+    /// indexer's parts, which it holds only during the round (gone, the worker ends).
+    pub async fn work(&self, round: &impl Round, parts: &Weak<Parts>) {
+        while let Some(patient) = self.next().await {
+            let Some(parts) = parts.upgrade() else {
+                self.done();
+                return;
+            };
+            let lane = parts.trees.lane(&patient);
+            round.round(&parts, &patient, &lane).await;
+            parts.trees.release(&patient, lane);
+            self.done();
         }
     }
 

@@ -18,13 +18,13 @@
 //! patient's next rebuild.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use serde_json::Value;
 use tracing::warn;
 
-use super::queue::PatientQueue;
-use super::{TreeLane, abstracts::Parts, abstracts::searched_text, retry_store};
+use super::queue::{Parts, PatientQueue, Round};
+use super::{TreeLane, abstracts::searched_text, retry_store};
 use crate::store::{self, Point, Stored, bm25};
 use crate::telemetry::metrics::metrics;
 
@@ -47,7 +47,7 @@ impl Vectors {
     /// queue is closed (`close`), holding the indexer's parts only during a patient's round.
     pub fn spawn(self: &Arc<Self>, parts: &Arc<Parts>) {
         let (me, parts) = (Arc::clone(self), Arc::downgrade(parts));
-        tokio::spawn(async move { me.work_loop(&parts).await });
+        tokio::spawn(async move { me.queue.work(&*me, &parts).await });
     }
 
     /// Ends the worker; what is queued is left to the patients' next rebuilds (the nodes stay pending).
@@ -66,20 +66,13 @@ impl Vectors {
     pub async fn settled(&self) {
         self.queue.settled().await;
     }
+}
 
-    async fn work_loop(&self, parts: &Weak<Parts>) {
-        while let Some(patient) = self.queue.next().await {
-            let Some(parts) = parts.upgrade() else {
-                self.queue.done();
-                return;
-            };
-            let lane = parts.trees.lane(&patient);
-            if let Err(code) = write(&parts, &patient, &lane).await {
-                metrics().raptor_summary_vectors.with_label_values(&["failed"]).inc();
-                warn!(code, "Summary vectors not stored; the patient's next rebuild asks again.");
-            }
-            parts.trees.release(&patient, lane);
-            self.queue.done();
+impl Round for Vectors {
+    async fn round(&self, parts: &Parts, patient: &str, lane: &TreeLane) {
+        if let Err(code) = write(parts, patient, lane).await {
+            metrics().raptor_summary_vectors.with_label_values(&["failed"]).inc();
+            warn!(code, "Summary vectors not stored; the patient's next rebuild asks again.");
         }
     }
 }
