@@ -397,6 +397,12 @@ pub struct StoreSettings {
     /// Hybrid search: the dense share when the best BM25 candidate holds all of the question's rare words (its score
     /// is the question's IDF mass); linearly between the two. Equal to `dense_weight`: one fixed weight.
     pub dense_weight_matched: f32,
+    /// Hybrid search: a chunk whose BM25 score holds at least this share of the question's IDF mass counts as a
+    /// full match (`store::Fusion::share`).
+    pub bm25_full_share: f32,
+    /// Hybrid search: below `bm25_full_share` a chunk's BM25 share counts `share × (share / full)^(power − 1)`, so a
+    /// partial match — the question's common words, however often repeated — fades; 1 = linear (no fading).
+    pub bm25_partial_power: f32,
     /// Embedded store: after this many points written or deleted, flush the segments and run Qdrant's optimizers
     /// (vacuum, merge, index) in the background; 0 = only flush at shutdown.
     pub maintain_every: u64,
@@ -1007,6 +1013,12 @@ impl Settings {
         if !(0.0..=1.0).contains(&st.dense_weight_matched) {
             problems.push("store.dense_weight_matched: must be between 0 and 1".to_string());
         }
+        if !(st.bm25_full_share > 0.0 && st.bm25_full_share <= 1.0) {
+            problems.push("store.bm25_full_share: must be above 0 and at most 1".to_string());
+        }
+        if !(st.bm25_partial_power.is_finite() && st.bm25_partial_power >= 1.0) {
+            problems.push("store.bm25_partial_power: must be a number of at least 1".to_string());
+        }
         if st.shards == 0 || (st.kind == "embedded" && st.shards > 64) {
             problems.push("store.shards: must be at least 1 (and at most 64 for the embedded store)".to_string());
         }
@@ -1324,6 +1336,8 @@ mod tests {
                 ("CLINSTREAM__RAPTOR__ABSTRACTIVE", "true"),
                 ("CLINSTREAM__RAPTOR__ABSTRACT_INPUT_TOKENS", "10"),
                 ("CLINSTREAM__RAPTOR__COMPRESS", "1.5"),
+                ("CLINSTREAM__STORE__BM25_FULL_SHARE", "0"),
+                ("CLINSTREAM__STORE__BM25_PARTIAL_POWER", "0.5"),
             ]),
         )
         .unwrap_err();
@@ -1338,6 +1352,8 @@ mod tests {
             "raptor.abstractive: needs raptor.enabled and an LLM (llm.base_url)",
             "raptor.abstract_input_tokens: must be at least 64",
             "raptor.compress: must be between 0 (off) and 1",
+            "store.bm25_full_share: must be above 0 and at most 1",
+            "store.bm25_partial_power: must be a number of at least 1",
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }

@@ -2098,3 +2098,92 @@ async fn payload_indexes_are_the_fields_filtered_on_unless_all_are_asked_for() {
         assert_eq!(&have, want, "server collection opened with {setting}");
     }
 }
+
+/// Hybrid search with partial BM25 matches fading (`store.bm25_full_share`, `store.bm25_partial_power`), read from
+/// the settings by either store. A patient's three chunks: dense prefers `hpi` a little over `plan` and `imp`;
+/// `plan` holds only the question's common word, which it repeats (0.3 of the question's IDF mass); `imp` holds the
+/// rare word once in a longer chunk than the average (0.65 of it). Linear shares put `plan` above `hpi`, the default
+/// fading keeps their dense order; `imp` comes first either way. The IDFs are the store's own (other patients'
+/// chunks set them); the chunks' BM25 weights are set from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_fades_partial_bm25_matches_in_hybrid_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.store.path = dir.path().join("store").display().to_string();
+    fading_partial_bm25_matches(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_fades_partial_bm25_matches_in_hybrid_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(s) = server_settings(dir.path(), &server) else { return };
+    fading_partial_bm25_matches(s).await;
+}
+
+async fn fading_partial_bm25_matches(mut s: Settings) {
+    use clinstream::store::{Point, Sparse, point_id};
+    const COMMON: u32 = 1;
+    const RARE: u32 = 2;
+    const OTHER: u32 = 9;
+    s.store.shards = 1;
+    assert_eq!((s.store.bm25_full_share, s.store.bm25_partial_power), (0.6, 4.0), "the shipped defaults");
+    // Unit vectors at a chosen cosine to the probe (the first axis), each in its own plane.
+    let at = |cos: f32, axis: usize| {
+        let mut v = vec![0.0f32; 8];
+        v[0] = cos;
+        v[axis] = (1.0 - cos * cos).sqrt();
+        v
+    };
+    let point = |doc: &str, patient: &str, dense: Vec<f32>, terms: &[(u32, f32)]| Point {
+        id: point_id(doc, "1", 0),
+        dense,
+        sparse: Sparse { indices: terms.iter().map(|t| t.0).collect(), values: terms.iter().map(|t| t.1).collect() },
+        payload: serde_json::json!({"doc_id": doc, "doc_version": "1", "patient": patient, "record": "chunk"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    };
+    // Other patients: the common word in most chunks, the rare one in one.
+    let mut others: Vec<Point> = (0..12)
+        .map(|i| point(&format!("other-{i}"), "Patient/other", at(0.1, 3 + i % 5), &[(COMMON, 1.0), (OTHER, 1.0)]))
+        .collect();
+    others.push(point("other-rare", "Patient/other", at(0.1, 7), &[(RARE, 1.0)]));
+    let patients = |plan: f32, imp: f32| {
+        vec![
+            point("hpi", "Patient/p", at(0.60, 1), &[(OTHER, 1.0)]),
+            point("plan", "Patient/p", at(0.58, 2), &[(COMMON, plan)]),
+            point("imp", "Patient/p", at(0.58, 3), &[(RARE, imp)]),
+        ]
+    };
+    let question = Sparse { indices: vec![COMMON, RARE], values: vec![1.0, 1.0] };
+    let hybrid = Query {
+        dense: at(1.0, 1),
+        sparse: question.clone(),
+        filters: Filters { patient: Some("Patient/p".into()), ..Default::default() },
+        top: 3,
+        fields: None,
+        record: Record::Chunks,
+    };
+    let id = |doc: &str| point_id(doc, "1", 0).to_string();
+    for (name, power, want) in [("linear", 1.0, ["imp", "plan", "hpi"]), ("fading", 4.0, ["imp", "hpi", "plan"])] {
+        let mut st = s.store.clone();
+        st.bm25_partial_power = power;
+        if st.kind == "embedded" {
+            st.path = format!("{}-{name}", s.store.path);
+        } else {
+            st.collection = common::qdrant::unique_collection("fading");
+        }
+        let store = Store::open(&st, 8).await.unwrap();
+        store.upsert(others.clone()).await.unwrap();
+        store.upsert(patients(1.0, 1.0)).await.unwrap();
+        // Document frequencies are set now; rewriting the same terms with other weights keeps them.
+        let mass = store.idf_mass(&question).await.unwrap();
+        let common = store.idf_mass(&Sparse { indices: vec![COMMON], values: vec![1.0] }).await.unwrap();
+        let rare = mass - common;
+        assert!(common > 0.0 && rare > common * 1.5, "the rare word weighs more: {common} and {rare}");
+        store.upsert(patients(0.3 * mass / common, 0.65 * mass / rare)).await.unwrap();
+        let got: Vec<String> = store.search(&hybrid).await.unwrap().into_iter().map(|h| h.id).collect();
+        assert_eq!(got, want.map(id), "{name}: {want:?}");
+    }
+}

@@ -12,9 +12,9 @@
 //!   `CHUNK_WORDS` words, or with `--chunks index` the indexer's own chunks and vectors under `chunking.*`, so the
 //!   SEOS modes can be compared; cosine of the question and chunk embeddings, BM25 over the whole corpus's
 //!   statistics, and the two fused by their scaled scores as the store fuses them (`store::fuse_by_score`,
-//!   `store.dense_weight`, `store.dense_weight_matched`; `hybrid-rrf`: by reciprocal rank, k = 60; `hybrid+dense`:
-//!   the fused ranking and the dense one taken in turn, fused first), chunks taken
-//!   best first while they fit the budget. Ranked figures for these: Hit@1/5/10 and MRR of the first
+//!   `store.dense_weight`, `store.dense_weight_matched`, `store.bm25_full_share`, `store.bm25_partial_power`;
+//!   `hybrid-rrf`: by reciprocal rank, k = 60; `hybrid+dense`: the fused ranking and the dense one taken in turn,
+//!   fused first), chunks taken best first while they fit the budget. Ranked figures for these: Hit@1/5/10 and MRR of the first
 //!   evidence-bearing chunk. Their answer comes from the same vote over the aligned entities' mentions inside the
 //!   returned chunks, so the strategies differ only in the context they return;
 //! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
@@ -991,13 +991,25 @@ fn chunk_all(docs: &[Document]) -> Vec<Chunk> {
 }
 
 /// The fusion of a `hybrid@W` (a fixed dense weight) or `hybrid@W:M` strategy (`store.dense_weight` W and
-/// `store.dense_weight_matched` M), both between 0 and 1.
+/// `store.dense_weight_matched` M, both between 0 and 1), optionally `^P` (`store.bm25_partial_power` P ≥ 1, with
+/// `store.bm25_full_share` 1) or `^P/F` (and F in (0, 1]); without `^`, every BM25 share counts linearly.
 pub fn parse_fusion(spec: &str) -> Option<crate::store::Fusion> {
     let weight = |w: &str| w.parse::<f32>().ok().filter(|w| (0.0..=1.0).contains(w));
-    match spec.split_once(':') {
-        None => weight(spec).map(crate::store::Fusion::fixed),
-        Some((w, m)) => Some(crate::store::Fusion { dense_weight: weight(w)?, dense_weight_matched: weight(m)? }),
+    let (weights, fading) = spec.split_once('^').map_or((spec, None), |(w, f)| (w, Some(f)));
+    let mut fusion = match weights.split_once(':') {
+        None => crate::store::Fusion::fixed(weight(weights)?),
+        Some((w, m)) => {
+            crate::store::Fusion { dense_weight_matched: weight(m)?, ..crate::store::Fusion::fixed(weight(w)?) }
+        }
+    };
+    if let Some(f) = fading {
+        let (power, full) = f.split_once('/').map_or((f, None), |(p, f)| (p, Some(f)));
+        fusion.partial_power = power.parse::<f32>().ok().filter(|p| p.is_finite() && *p >= 1.0)?;
+        if let Some(full) = full {
+            fusion.full_share = weight(full).filter(|f| *f > 0.0)?;
+        }
     }
+    Some(fusion)
 }
 
 /// BM25 as the stores score it: the store's own sparse vectors (`store::bm25`: Qdrant's tokenizer, stemmer and
@@ -1148,6 +1160,21 @@ pub fn multi_note_questions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fusion_specs_name_the_weights_and_the_fading_of_partial_matches() {
+        use crate::store::Fusion;
+        assert_eq!(parse_fusion("0.8"), Some(Fusion::fixed(0.8)));
+        let f = parse_fusion("0.95:0.7").unwrap();
+        assert_eq!((f.dense_weight, f.dense_weight_matched, f.partial_power, f.full_share), (0.95, 0.7, 1.0, 1.0));
+        let f = parse_fusion("0.95:0.7^3").unwrap();
+        assert_eq!((f.dense_weight_matched, f.partial_power, f.full_share), (0.7, 3.0, 1.0));
+        let f = parse_fusion("0.9^2/0.5").unwrap();
+        assert_eq!((f.dense_weight, f.dense_weight_matched, f.partial_power, f.full_share), (0.9, 0.9, 2.0, 0.5));
+        for bad in ["1.2", "0.9:x", "0.9^0.5", "0.9^2/0", "0.9^2/1.5", "0.9^", "0.9^inf"] {
+            assert_eq!(parse_fusion(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn interleaving_takes_each_ranking_in_turn_and_every_item_once() {

@@ -110,9 +110,9 @@ pub use super::facts::Fact;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Hit {
     pub id: String,
-    /// Fused hybrid score (a dense share × cosine + the rest × BM25 over the question's IDF mass; the share from
-    /// `store.dense_weight` down to `store.dense_weight_matched` as the best BM25 hit holds more of the question's
-    /// rare words; 0 for a neighbour).
+    /// Fused hybrid score (a dense share × cosine + the rest × BM25 over the question's IDF mass, partial matches
+    /// fading below `store.bm25_full_share`; the share from `store.dense_weight` down to
+    /// `store.dense_weight_matched` as the best BM25 hit holds more of the question's rare words; 0 for a neighbour).
     pub score: f32,
     /// `doc_id`, `doc_version`, `doc_date`, `patient`, `section`, `text`, `entities`, `prev_chunk_id`,
     /// `next_chunk_id`, ... (docs/embedding.md lists every field).

@@ -480,27 +480,54 @@ pub(crate) fn except_filter(doc_ids: &[&str], keep: &[uuid::Uuid]) -> Value {
     })
 }
 
-/// The dense share of a hybrid search's fused score (`store.dense_weight`, `store.dense_weight_matched`): from
-/// `dense_weight` when no candidate holds the question's rare words down to `dense_weight_matched` when the best
-/// BM25 candidate holds all of them (its score is the question's whole IDF mass), linearly between. A question stated
-/// in the notes' own words ("pneumothorax" asked, "pneumothorax" written) leans on BM25; a paraphrase whose words
-/// the notes lack ("air in the pleural space") keeps the dense order, which a partial match of common words would
-/// otherwise reshuffle. Equal weights are a fixed weight.
+/// How a hybrid search weighs its two rankings (`store.dense_weight`, `store.dense_weight_matched`,
+/// `store.bm25_full_share`, `store.bm25_partial_power`).
+///
+/// The dense share of the fused score goes from `dense_weight` when no candidate holds the question's rare words
+/// down to `dense_weight_matched` when the best BM25 candidate holds all of them (its score is the question's whole
+/// IDF mass), linearly between. A question stated in the notes' own words ("pneumothorax" asked, "pneumothorax"
+/// written) leans on BM25; a paraphrase whose words the notes lack ("air in the pleural space") keeps the dense
+/// order. Equal weights are a fixed weight.
+///
+/// Each chunk's BM25 share then counts as [`Fusion::share`]: in full from `full_share` of the IDF mass up (a chunk
+/// holding the question's rare words, longer than the average or not), below it fading with `partial_power`. A
+/// partial match — the question's common words, which BM25's term-frequency saturation lifts to more than twice
+/// their IDF when a note repeats them ("heart" in a cardiology note) — would otherwise reshuffle the dense order of
+/// a paraphrased question by small amounts spread over many chunks.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fusion {
     pub dense_weight: f32,
     pub dense_weight_matched: f32,
+    pub full_share: f32,
+    pub partial_power: f32,
 }
 
 impl Fusion {
-    /// The fusion the store settings name (`store.dense_weight`, `store.dense_weight_matched`).
+    /// The fusion the store settings name.
     pub fn of(s: &crate::config::StoreSettings) -> Self {
-        Fusion { dense_weight: s.dense_weight, dense_weight_matched: s.dense_weight_matched }
+        Fusion {
+            dense_weight: s.dense_weight,
+            dense_weight_matched: s.dense_weight_matched,
+            full_share: s.bm25_full_share,
+            partial_power: s.bm25_partial_power,
+        }
     }
 
-    /// One weight for every question.
+    /// One weight for every question, every BM25 share counted linearly.
     pub fn fixed(dense_weight: f32) -> Self {
-        Fusion { dense_weight, dense_weight_matched: dense_weight }
+        Fusion { dense_weight, dense_weight_matched: dense_weight, full_share: 1.0, partial_power: 1.0 }
+    }
+
+    /// A chunk's BM25 share of the question's IDF mass as it counts in the fused score: `share` from `full_share`
+    /// up, `share × (share / full_share)^(partial_power − 1)` below (continuous at `full_share`; power 1 = linear).
+    pub fn share(&self, share: f32) -> f32 {
+        if !share.is_finite() || share <= 0.0 {
+            0.0
+        } else if self.partial_power == 1.0 || share >= self.full_share {
+            share
+        } else {
+            share * (share / self.full_share).powf(self.partial_power - 1.0)
+        }
     }
 
     /// The dense share for a question whose best BM25 candidate scores `best_share` of its IDF mass.
@@ -511,8 +538,8 @@ impl Fusion {
 }
 
 /// Fuses a dense and a sparse ranking of the same query by their scores: a hit scores
-/// `w × cosine + (1 − w) × bm25 / idf_mass` (each 0 for a list it is not in; `w` from `fusion` and the best BM25
-/// hit's share of the IDF mass, [`Fusion::weight`]), best first, ties by the rank in the heavier list, then in the
+/// `w × cosine + (1 − w) × share(bm25 / idf_mass)` (each 0 for a list it is not in; `w` from `fusion` and the best
+/// BM25 hit's share of the IDF mass, [`Fusion::weight`]; partial matches fading, [`Fusion::share`]), best first, ties by the rank in the heavier list, then in the
 /// other; at most `top`. Cosines are comparable across queries and
 /// lists as they are; BM25 scores are not, so they are scaled by the query's IDF mass — the sum of its terms' IDFs
 /// (`Store::idf_mass`), which a chunk holding every term once at the average length scores — so a chunk's share is
@@ -525,6 +552,7 @@ pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, fusion: Fusion, idf_mass
     let ds: Vec<f32> = dense.iter().map(|h| h.score).collect();
     let ss: Vec<f32> = sparse.iter().map(|h| h.score * scale).collect();
     let w = fusion.weight(ss.iter().copied().fold(0.0, f32::max));
+    let ss: Vec<f32> = ss.into_iter().map(|s| fusion.share(s)).collect();
     // (hit, fused score, dense rank, sparse rank)
     let mut fused: Vec<(Hit, f32, usize, usize)> = Vec::with_capacity(dense.len() + sparse.len());
     let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -616,9 +644,33 @@ mod tests {
     }
 
     #[test]
+    fn partial_bm25_matches_fade_and_full_ones_count_as_they_are() {
+        let ids = |v: Vec<Hit>| v.into_iter().map(|h| h.id).collect::<Vec<_>>();
+        let f = Fusion { dense_weight: 0.95, dense_weight_matched: 0.7, full_share: 0.6, partial_power: 3.0 };
+        // From the full share up a share counts as it is; below, it fades as (share / full)², continuously.
+        assert_eq!(f.share(0.6), 0.6);
+        assert_eq!(f.share(1.4), 1.4);
+        assert!((f.share(0.3) - 0.3 * 0.25).abs() < 1e-6);
+        assert!((f.share(0.599_99) - 0.6).abs() < 1e-4);
+        assert_eq!(f.share(0.0), 0.0);
+        assert_eq!(f.share(f32::NAN), 0.0);
+        assert_eq!(Fusion::fixed(0.8).share(0.3), 0.3, "power 1 is linear");
+        // A paraphrased question: dense prefers hpi; "plan" repeats the question's common word and BM25's
+        // saturation lifts it to 0.3 of the IDF mass. Linear, that reorders the two; faded, the dense order stands.
+        let dense = vec![hit("hpi", 0.60), hit("plan", 0.58)];
+        let common = vec![hit("plan", 0.3 * 4.0)];
+        let linear = Fusion { partial_power: 1.0, ..f };
+        assert_eq!(ids(fuse_by_score(dense.clone(), common.clone(), linear, 4.0, 1)), ["plan"]);
+        assert_eq!(ids(fuse_by_score(dense.clone(), common, f, 4.0, 1)), ["hpi"]);
+        // A chunk holding the rare word once in a longer chunk than the average (0.65 of the mass) still moves up.
+        let rare = vec![hit("plan", 0.65 * 4.0)];
+        assert_eq!(ids(fuse_by_score(dense, rare, f, 4.0, 1)), ["plan"]);
+    }
+
+    #[test]
     fn the_dense_share_falls_as_a_chunk_holds_more_of_the_questions_rare_words() {
         let ids = |v: Vec<Hit>| v.into_iter().map(|h| h.id).collect::<Vec<_>>();
-        let f = Fusion { dense_weight: 0.95, dense_weight_matched: 0.7 };
+        let f = Fusion { dense_weight: 0.95, dense_weight_matched: 0.7, full_share: 1.0, partial_power: 1.0 };
         assert_eq!(f.weight(0.0), 0.95);
         assert!((f.weight(1.0) - 0.7).abs() < 1e-6);
         assert!((f.weight(0.5) - 0.825).abs() < 1e-6);
