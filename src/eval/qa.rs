@@ -14,9 +14,9 @@
 //!   statistics, and the two fused by their scaled scores as the store fuses them (`store::fuse_by_score`,
 //!   `store.dense_weight`, `store.dense_weight_matched`, `store.bm25_full_share`, `store.bm25_partial_power`;
 //!   `hybrid-rrf`: by reciprocal rank, k = 60; `hybrid+dense`: the fused ranking and the dense one taken in turn,
-//!   fused first), chunks taken best first while they fit the budget. Ranked figures for these: Hit@1/5/10 and MRR of the first
-//!   evidence-bearing chunk. Their answer comes from the same vote over the aligned entities' mentions inside the
-//!   returned chunks, so the strategies differ only in the context they return;
+//!   fused first), chunks taken best first while they fit the budget. Ranked figures for these: Hit@1/5/10 and MRR
+//!   of the first evidence-bearing chunk. Their answer comes from the same vote over the aligned entities' mentions
+//!   inside the returned chunks, so the strategies differ only in the context they return;
 //! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
 //!   vectors (`raptor.*`), its summaries ranked with the chunks by cosine to the question and taken while they fit
 //!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree:128` with

@@ -539,8 +539,8 @@ impl Fusion {
 
 /// Fuses a dense and a sparse ranking of the same query by their scores: a hit scores
 /// `w × cosine + (1 − w) × share(bm25 / idf_mass)` (each 0 for a list it is not in; `w` from `fusion` and the best
-/// BM25 hit's share of the IDF mass, [`Fusion::weight`]; partial matches fading, [`Fusion::share`]), best first, ties by the rank in the heavier list, then in the
-/// other; at most `top`. Cosines are comparable across queries and
+/// BM25 hit's share of the IDF mass, [`Fusion::weight`]; partial matches fading, [`Fusion::share`]), best first,
+/// ties by the rank in the heavier list, then in the other; at most `top`. Cosines are comparable across queries and
 /// lists as they are; BM25 scores are not, so they are scaled by the query's IDF mass — the sum of its terms' IDFs
 /// (`Store::idf_mass`), which a chunk holding every term once at the average length scores — so a chunk's share is
 /// how much of the question's rare words it holds: a match of a common word alone ("patient", "heart") counts

@@ -64,11 +64,12 @@ pub enum EvalCommand {
         /// of its tokens, 0.5 by default), clear-windows (the windows only), dense, bm25, hybrid (fused by score
         /// with `store.dense_weight` and `store.dense_weight_matched`; `hybrid@0.6` with one fixed weight,
         /// `hybrid@0.9:0.6` with those two, `hybrid@0.9:0.6^4/0.6` also with `store.bm25_partial_power` 4 and
-        /// `store.bm25_full_share` 0.6; without `^` every BM25 share counts linearly), hybrid-rrf (fused by reciprocal rank), hybrid+dense (the fused and the
-        /// dense ranking taken in turn, fused first; `hybrid+dense@W[:M]` as hybrid@), tree (RAPTOR's collapsed tree
-        /// over the same chunks, built under `raptor.*`; `tree:128` with summaries of 128 tokens; `tree@mean` with
-        /// summaries retrieved by their members' mean vector; `tree+cptf`, `tree+cptf@0.7` with summaries
-        /// CPTF-compressed to that share of their sentences' tokens, 0.5 by default).
+        /// `store.bm25_full_share` 0.6; without `^` every BM25 share counts linearly), hybrid-rrf (fused by
+        /// reciprocal rank), hybrid+dense (the fused and the dense ranking taken in turn, fused first;
+        /// `hybrid+dense@W[:M]` as hybrid@), tree (RAPTOR's collapsed tree over the same chunks, built under
+        /// `raptor.*`; `tree:128` with summaries of 128 tokens; `tree@mean` with summaries retrieved by their
+        /// members' mean vector; `tree+cptf`, `tree+cptf@0.7` with summaries CPTF-compressed to that share of their
+        /// sentences' tokens, 0.5 by default).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
@@ -269,8 +270,9 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             .and_then(|w| w.parse::<f32>().ok())
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
-                     bm25, hybrid, hybrid@WEIGHT[:MATCHED][^POWER[/FULL]], hybrid-rrf, hybrid+dense[@WEIGHT[:MATCHED]], tree, \
-                     tree@mean, tree+llm, tree+cptf[@RATIO], tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
+                     bm25, hybrid, hybrid@WEIGHT[:MATCHED][^POWER[/FULL]], hybrid-rrf, \
+                     hybrid+dense[@WEIGHT[:MATCHED]], tree, tree@mean, tree+llm, tree+cptf[@RATIO], \
+                     tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
