@@ -213,6 +213,19 @@ fn descendants_are_targets() {
     assert_eq!(result(&p, "IMPRESSION: Aspiration pneumonia.\n", "pneumonia").label, Label::Present);
 }
 
+/// Findings a report offers as alternatives are uncertain; a hedge before a cause leaves the finding present.
+#[test]
+fn alternatives_are_uncertain_and_a_hedged_cause_leaves_the_finding() {
+    let p = Pipeline::new(&common::settings()).unwrap();
+    let text = "FINDINGS: Pleural effusions or pneumothorax. Heart size normal.\n";
+    assert_eq!(result(&p, text, "pneumothorax").label, Label::Uncertain);
+    assert_eq!(result(&p, text, "pleural_effusion").label, Label::Uncertain);
+    let text = "IMPRESSION: Bilateral large pleural effusion, possibly from pleuritis or the known pancreatitis.\n";
+    assert_eq!(result(&p, text, "pleural_effusion").label, Label::Present);
+    let text = "IMPRESSION: Bibasilar opacities, pulmonary edema difficult to entirely exclude.\n";
+    assert_eq!(result(&p, text, "pulmonary_edema").label, Label::Uncertain);
+}
+
 #[test]
 fn eval_openi_on_a_small_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,6 +253,17 @@ fn eval_openi_on_a_small_file() {
     assert_eq!((e.tp, e.fp, e.fn_), (1, 0, 0));
     let x = &r.per_variable["pneumothorax"];
     assert_eq!((x.tp, x.fp, x.fn_), (0, 0, 1), "a negated pneumothorax against a gold 1 is a miss");
+    // Reports by predicted label, with their gold positives: the negated pneumothorax is the gold positive among
+    // the absent ones; every report is counted once per variable.
+    let by = &r.by_label["pneumothorax"];
+    assert_eq!((by["absent"].reports, by["absent"].gold_positive), (1, 1), "{by:?}");
+    assert_eq!((by["not_mentioned"].reports, by["not_mentioned"].gold_positive), (2, 0), "{by:?}");
+    for (variable, labels) in &r.by_label {
+        assert_eq!(labels.values().map(|c| c.reports).sum::<u64>(), r.n, "{variable}");
+        let p = &r.per_variable[variable];
+        assert_eq!(labels.values().map(|c| c.gold_positive).sum::<u64>(), p.tp + p.fn_, "{variable}");
+        assert_eq!(labels.get("present").map_or(0, |c| c.reports), p.tp + p.fp, "{variable}");
+    }
     let json = serde_json::to_value(&r).unwrap();
     assert!(json["per_variable"]["cardiomegaly"]["f1"].is_number() && json["macro_f1"].is_number());
 }

@@ -131,11 +131,6 @@ CURATED = [
     ("r/o", "possible", "forward"),
     ("evaluate for", "possible", "forward"),
     ("evaluation for", "possible", "forward"),
-    ("may represent", "possible", "forward"),
-    ("could represent", "possible", "forward"),
-    ("might represent", "possible", "forward"),
-    ("may be", "possible", "forward"),
-    ("could be", "possible", "forward"),
     ("question of", "possible", "forward"),
     ("question", "possible", "forward"),
     ("is possible", "possible", "backward"),
@@ -146,12 +141,7 @@ CURATED = [
     ("questionable", "possible", "forward"),
     ("possible", "possible", "forward"),
     ("possibly", "possible", "both"),
-    ("cannot be excluded", "possible", "backward"),
-    ("can not be excluded", "possible", "backward"),
     ("not excluded", "possible", "backward"),
-    ("cannot exclude", "possible", "forward"),
-    ("can not exclude", "possible", "forward"),
-    ("cannot rule out", "possible", "forward"),
     # Concern is not a diagnosis: coders leave "concerning for pneumonia" uncoded (measured on Open-i).
     ("concern for", "possible", "forward"),
     ("concerning for", "possible", "forward"),
@@ -162,18 +152,9 @@ CURATED = [
     ("suspected", "possible", "both"),
     ("correlate clinically for", "possible", "forward"),
     ("clinical correlation for", "possible", "forward"),
-    ("could be due to", "possible", "forward"),
-    ("may be due to", "possible", "forward"),
-    ("might be due to", "possible", "forward"),
     ("differential diagnosis", "possible", "forward"),
     ("differential", "possible", "forward"),
-    ("could indicate", "possible", "forward"),
-    ("may indicate", "possible", "forward"),
-    ("might indicate", "possible", "forward"),
-    ("may include", "possible", "forward"),
     ("includes", "possible", "forward"),
-    ("may reflect", "possible", "forward"),
-    ("could reflect", "possible", "forward"),
     ("raising the possibility of", "possible", "forward"),
     ("other etiologies", "possible", "forward"),
     ("versus", "possible", "both"),
@@ -271,6 +252,29 @@ CURATED = [
     ("there are", "terminate", "none"),
     ("there has been", "terminate", "none"),
 ]
+
+# Hedges built from their parts rather than listed one by one, so that no combination is missing: a modal before a
+# verb of representation ("could include", "might reflect") and a finding that cannot be, or is hard to, exclude,
+# whatever adverb of degree sits inside ("difficult to entirely exclude", "cannot be completely excluded").
+MODALS = ["may", "might", "could"]
+REPRESENTING = ["be", "represent", "reflect", "indicate", "include", "be due to", "be related to", "be secondary to"]
+DEGREE = ["", "entirely", "completely", "totally", "fully", "definitely", "definitively", "confidently", "reliably"]
+CANNOT = ["cannot", "can not", "can't", "could not", "couldn't", "may not", "might not"]
+HARD_TO = ["difficult to", "hard to", "unable to", "not possible to", "impossible to"]
+for _m, _v in itertools.product(MODALS, REPRESENTING):
+    CURATED.append((f"{_m} {_v}", "possible", "forward"))
+for _d in DEGREE:
+    for _verb in ["exclude", "rule out"]:
+        for _n in CANNOT[:5]:
+            CURATED.append((f"{_n} {_d} {_verb}", "possible", "forward"))
+        # "edema difficult to exclude" and "(it is) difficult to exclude edema": the longer phrase hides "is not".
+        for _is, _n in itertools.product(["", "is", "it is"], HARD_TO):
+            CURATED.append((f"{_is} {_n} {_d} {_verb}", "possible", "both"))
+    for _done in ["excluded", "ruled out"]:
+        for _n in CANNOT:
+            CURATED.append((f"{_n} be {_d} {_done}", "possible", "backward"))
+            CURATED.append((f"{_n} {_d} be {_done}", "possible", "backward"))
+        CURATED.append((f"not {_d} {_done}", "possible", "backward"))
 
 # Curated cues that a source gives but that misfire in notes: (phrase, category) to drop.
 DROP = {

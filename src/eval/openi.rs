@@ -34,6 +34,16 @@ pub struct OpeniReport {
     pub per_variable: BTreeMap<String, Prf>,
     pub macro_f1: f64,
     pub n: u64,
+    /// Per variable, per predicted label (`present`, `uncertain`, `absent`, `not_mentioned`): the reports with that
+    /// label and how many of them the gold marks positive — where uncertain and negated mentions fall in the gold.
+    pub by_label: BTreeMap<String, BTreeMap<String, LabelCount>>,
+}
+
+/// Reports with one predicted label, and of them the gold positives.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct LabelCount {
+    pub reports: u64,
+    pub gold_positive: u64,
 }
 
 /// A CSV row by column name.
@@ -112,14 +122,19 @@ pub fn run(pipeline: &Pipeline, reports: &Path, labels: &Path, show_errors: bool
     let (report_rows, label_rows) = load(pipeline, reports, labels)?;
     let gold = gold_of(&label_rows);
     let mut counts = zero_counts();
+    let mut by_label: BTreeMap<String, BTreeMap<String, LabelCount>> = BTreeMap::new();
     let mut n = 0;
     for (uid, text, g) in notes(reports, &report_rows, &gold)? {
         let doc = pipeline.analyse(Note::from_text(&format!("openi-{uid}"), text));
         n += 1;
         for (variable, column) in VARIABLES {
-            let predicted = doc.variables.iter().any(|v| v.variable == *variable && v.label == Label::Present);
+            let label = doc.variables.iter().find(|v| v.variable == *variable).map_or(Label::NotMentioned, |v| v.label);
+            let predicted = label == Label::Present;
             let truth = g.get(*column).is_some_and(|v| v.trim() == "1");
             count(counts.get_mut(variable).expect("known variable"), predicted, truth);
+            let c = by_label.entry(variable.to_string()).or_default().entry(label.as_str().to_string()).or_default();
+            c.reports += 1;
+            c.gold_positive += u64::from(truth);
             if show_errors && predicted != truth {
                 eprintln!(
                     "CXR{uid} {variable}: predicted {predicted} gold {truth} | {}",
@@ -129,7 +144,7 @@ pub fn run(pipeline: &Pipeline, reports: &Path, labels: &Path, show_errors: bool
         }
     }
     let (per_variable, macro_f1) = score(&counts);
-    Ok(OpeniReport { per_variable, macro_f1, n })
+    Ok(OpeniReport { per_variable, macro_f1, n, by_label })
 }
 
 /// The LLM's labels beside the rule labels on the same sampled reports (`run_llm`).

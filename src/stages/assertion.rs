@@ -224,6 +224,25 @@ fn assert_with_cues(
         breakers[first..].iter().take_while(|&&(start, _)| start < b).any(|&(_, end)| end <= b)
     };
     let distance = |a: usize, b: usize| count_words(text, a, b, mentions);
+    // Lists of alternatives end at cues as at breakers: "effusion, possibly from pleuritis or …" offers no choice
+    // of effusion.
+    // Only a sentence with two mentions can offer one as an alternative to the other.
+    let groups = if mentions.len() >= 2 {
+        let mut list_ends: Vec<(usize, usize)> = hits.iter().map(|h| (h.start, h.end)).collect();
+        list_ends.extend(&breakers);
+        disjunctions(text, sentence, mentions, &list_ends)
+    } else {
+        Vec::new()
+    };
+    // Where a cue leads a cause ("possibly due to heart failure"), the breaker that names the cause ("due to")
+    // does not end its forward scope.
+    let scope_start = |h: &CueHit| {
+        if !leads_cause(text, h.end, s1) {
+            return h.end;
+        }
+        let next = text[h.end..s1].len() - text[h.end..s1].trim_start().len() + h.end;
+        breakers.iter().find(|&&(start, _)| start == next).map_or(h.end, |&(_, end)| end)
+    };
 
     mentions
         .iter()
@@ -234,9 +253,11 @@ fn assert_with_cues(
                     let covers = h.start <= ms && me <= h.end;
                     let forward = matches!(cue.direction, Direction::Forward | Direction::Both)
                         && h.end <= ms
-                        && !blocked(h.end, ms)
+                        && !blocked(scope_start(h), ms)
                         && distance(h.end, ms) <= p.forward_words;
-                    let backward = matches!(cue.direction, Direction::Backward | Direction::Both)
+                    // "effusion, possibly from pleuritis": a two-way cue that leads a cause qualifies the cause.
+                    let backward = (cue.direction == Direction::Backward
+                        || cue.direction == Direction::Both && !leads_cause(text, h.end, s1))
                         && me <= h.start
                         && !blocked(me, h.start)
                         && distance(me, h.start) <= p.backward_words;
@@ -256,9 +277,191 @@ fn assert_with_cues(
             if colon_none_follows(&text[me..s1]) {
                 a.negated = true;
             }
+            if !a.negated && in_disjunction(&groups, (ms, me), mentions) {
+                a.uncertain = true;
+            }
             a
         })
         .collect()
+}
+
+/// Words that state a cause: a two-way cue right before one (`possibly from`, `perhaps due to`) qualifies the
+/// cause and not the finding before it.
+const CAUSAL: &[&str] = &["from", "due", "secondary", "related", "caused", "because", "attributable", "owing"];
+
+/// Whether the first word at or after `at` (before `end`) states a cause (`CAUSAL`).
+fn leads_cause(text: &str, at: usize, end: usize) -> bool {
+    let rest = text[at..end].trim_start_matches(|c: char| !c.is_alphanumeric());
+    let word = rest.split(|c: char| !c.is_alphanumeric()).next().unwrap_or("");
+    CAUSAL.iter().any(|c| word.eq_ignore_ascii_case(c))
+}
+
+/// The word that offers alternatives between list items ("versus" is a two-way uncertainty cue of its own; "and/or"
+/// keeps the findings it joins).
+const ALTERNATIVES: &[&str] = &["or"];
+
+/// Words an item of a list does not count.
+const ARTICLES: &[&str] = &["a", "an", "the", "any"];
+
+/// Words beside an alternative that make it a quantity or a manner rather than a choice between findings ("one or
+/// more", "with or without", "whether or not", "more or less").
+const NOT_A_CHOICE: &[&str] =
+    &["one", "two", "three", "four", "several", "more", "less", "fewer", "with", "without", "whether", "not"];
+
+/// Words an item of a list of alternatives may hold, a mention counting as one ("focal lung consolidation").
+const ITEM_WORDS: usize = 3;
+
+/// A word, comma or other punctuation of a sentence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Token {
+    Word { start: usize, end: usize, counts: bool, choice: bool },
+    Comma,
+    Stop,
+}
+
+/// The lists of alternatives in a sentence ("pleural effusion or pneumothorax", "atelectasis, scarring or
+/// infiltrate"), each as the byte spans of its items: an item is the words between two separators (a comma or an
+/// alternative), at most `ITEM_WORDS` words; the item before the list's first separator and the one
+/// after its alternative are read as far as `ITEM_WORDS` words from it. `ends` (cues and scope breakers), `:`
+/// and other punctuation end a list. A list is only kept when its alternative joins two items.
+fn disjunctions(
+    text: &str,
+    (s0, s1): (usize, usize),
+    mentions: &[(usize, usize)],
+    ends: &[(usize, usize)],
+) -> Vec<Vec<(usize, usize)>> {
+    let sent = &text[s0..s1];
+    // "or" as a word (ALTERNATIVES), found without splitting the sentence.
+    let bytes = sent.as_bytes();
+    let is_word = |i: usize| bytes.get(i).is_some_and(|b| b.is_ascii_alphanumeric() || *b >= 0x80);
+    let has_choice = (0..bytes.len().saturating_sub(1)).any(|i| {
+        bytes[i].eq_ignore_ascii_case(&b'o')
+            && bytes[i + 1].eq_ignore_ascii_case(&b'r')
+            && !(i > 0 && is_word(i - 1))
+            && !is_word(i + 2)
+    });
+    if !has_choice {
+        return Vec::new();
+    }
+    let mut tokens = Vec::new();
+    let mut chars = sent.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c.is_alphanumeric() {
+            let start = s0 + i;
+            let mut end = start + c.len_utf8();
+            while let Some(&(j, d)) = chars.peek() {
+                if !(d.is_alphanumeric() || d == '\'' || d == '/' || d == '-') {
+                    break;
+                }
+                end = s0 + j + d.len_utf8();
+                chars.next();
+            }
+            let word = &text[start..end];
+            if ends.iter().any(|&(a, b)| a < end && start < b) {
+                tokens.push(Token::Stop);
+                continue;
+            }
+            // A mention counts as one word, articles as none.
+            let mention = mentions.iter().find(|&&(ms, me)| ms <= start && end <= me);
+            let counts = match mention {
+                Some(&(ms, _)) => ms == start,
+                None => !ARTICLES.iter().any(|a| word.eq_ignore_ascii_case(a)),
+            };
+            let choice = mention.is_none() && ALTERNATIVES.iter().any(|a| word.eq_ignore_ascii_case(a));
+            tokens.push(Token::Word { start, end, counts, choice });
+        } else if c == ',' {
+            tokens.push(Token::Comma);
+        } else if !c.is_whitespace() && c != '.' || c == '.' && chars.peek().is_none_or(|&(_, d)| d.is_whitespace()) {
+            // Sentence punctuation and brackets end a list; a point inside a word ("vs.", "2.5") does not.
+            tokens.push(Token::Stop);
+        }
+    }
+    let word = |t: &Token| match *t {
+        Token::Word { start, end, .. } => Some(&text[start..end]),
+        _ => None,
+    };
+    let not_a_choice = |t: Option<&Token>| {
+        t.and_then(word).is_some_and(|w| {
+            w.bytes().all(|b| b.is_ascii_digit()) || NOT_A_CHOICE.iter().any(|n| w.eq_ignore_ascii_case(n))
+        })
+    };
+    // The span of up to `ITEM_WORDS` counted words of `tokens[range]`, read from the end nearest the separator.
+    let item = |range: &[Token], from_end: bool| -> Option<(usize, usize)> {
+        let mut spans = range.iter().filter_map(|t| match *t {
+            Token::Word { start, end, counts, .. } => Some((start, end, counts)),
+            _ => None,
+        });
+        let mut taken: Vec<(usize, usize)> = Vec::new();
+        let mut counted = 0;
+        let mut take = |(start, end, counts): (usize, usize, bool)| {
+            counted += usize::from(counts);
+            if counted > ITEM_WORDS {
+                return false;
+            }
+            taken.push((start, end));
+            true
+        };
+        if from_end {
+            for w in spans.rev() {
+                if !take(w) {
+                    break;
+                }
+            }
+        } else {
+            for w in spans.by_ref() {
+                if !take(w) {
+                    break;
+                }
+            }
+        }
+        let (a, b) = (taken.iter().map(|t| t.0).min()?, taken.iter().map(|t| t.1).max()?);
+        Some((a, b))
+    };
+    // Whether a whole item is short enough to be one.
+    let full =
+        |range: &[Token]| range.iter().filter(|t| matches!(t, Token::Word { counts: true, .. })).count() <= ITEM_WORDS;
+    let is_sep = |t: &Token| matches!(t, Token::Comma | Token::Stop | Token::Word { choice: true, .. });
+    let mut groups = Vec::new();
+    for (k, t) in tokens.iter().enumerate() {
+        if !matches!(t, Token::Word { choice: true, .. }) {
+            continue;
+        }
+        if not_a_choice(k.checked_sub(1).and_then(|j| tokens.get(j))) || not_a_choice(tokens.get(k + 1)) {
+            continue;
+        }
+        let mut items = Vec::new();
+        // After the alternative: up to the next separator.
+        let after_end = tokens[k + 1..].iter().position(is_sep).map_or(tokens.len(), |p| k + 1 + p);
+        let Some(after) = item(&tokens[k + 1..after_end], false) else { continue };
+        items.push(after);
+        // Before it: items separated by commas, back to a long item or another separator.
+        let mut end = k;
+        loop {
+            let start = tokens[..end].iter().rposition(is_sep).map_or(0, |p| p + 1);
+            let range = &tokens[start..end];
+            let Some(span) = item(range, true) else { break };
+            items.push(span);
+            if !full(range) || start == 0 || tokens[start - 1] != Token::Comma {
+                break;
+            }
+            end = start - 1;
+        }
+        if items.len() >= 2 {
+            groups.push(items);
+        }
+    }
+    groups
+}
+
+/// Whether the mention lies in an item of a list of alternatives that holds another mention in another item.
+fn in_disjunction(groups: &[Vec<(usize, usize)>], (ms, me): (usize, usize), mentions: &[(usize, usize)]) -> bool {
+    let within = |(a, b): (usize, usize), (ms, me): (usize, usize)| a <= ms && me <= b;
+    groups.iter().any(|items| {
+        let Some(own) = items.iter().position(|&i| within(i, (ms, me))) else { return false };
+        items.iter().enumerate().any(|(j, &i)| {
+            j != own && mentions.iter().any(|&m| m != (ms, me) && (m.1 <= ms || me <= m.0) && within(i, m))
+        })
+    })
 }
 
 /// `X: none`, `X - negative`, `X: denied`, `X: absent`, `X: no`.
@@ -372,6 +575,84 @@ mod tests {
             &AssertionParams::default(),
         );
         r[0]
+    }
+
+    /// The assertions of several mentions of one sentence, each found at its first occurrence.
+    fn assert_all(sentence: &str, mentions: &[&str]) -> Vec<Assertion> {
+        let spans: Vec<(usize, usize)> = mentions
+            .iter()
+            .map(|m| {
+                let start = sentence.find(m).expect("mention in sentence");
+                (start, start + m.len())
+            })
+            .collect();
+        assert_sentence(sentence, (0, sentence.len()), &spans, ContextRules::builtin(), &AssertionParams::default())
+    }
+
+    /// Findings offered as alternatives ("A or B", "A, B or C") are not asserted; a negation still wins; a
+    /// quantity, a manner, an "and/or" or a list with one finding offers no choice between findings.
+    #[test]
+    fn findings_offered_as_alternatives_are_uncertain() {
+        let both = assert_all("Pleural effusions or pneumothorax.", &["Pleural effusions", "pneumothorax"]);
+        assert!(both.iter().all(|a| a.uncertain && !a.negated), "{both:?}");
+        let list = assert_all(
+            "Marrow pneumothorax, focal lung consolidation or pleural effusions.",
+            &["Marrow", "pneumothorax", "lung", "pleural effusions"],
+        );
+        assert!(list[1].uncertain && list[3].uncertain, "{list:?}");
+        let three = assert_all("Atelectasis, scarring or infiltrate in the left base.", &["Atelectasis", "infiltrate"]);
+        assert!(three.iter().all(|a| a.uncertain), "{three:?}");
+        let negated = assert_all("No pleural effusion or pneumothorax.", &["pleural effusion", "pneumothorax"]);
+        assert!(negated.iter().all(|a| a.negated && !a.uncertain), "{negated:?}");
+        for (sentence, mentions) in [
+            ("Effusion and/or atelectasis at the right base.", &["Effusion", "atelectasis"][..]),
+            ("Cardiomegaly and pleural effusion.", &["Cardiomegaly", "pleural effusion"]),
+            ("New or worsening pleural effusion.", &["pleural effusion"]),
+            ("One or more pulmonary nodules.", &["pulmonary nodules"]),
+            ("Chest pain with or without exertion, and dyspnea.", &["Chest pain", "dyspnea"]),
+            // The list ends at the negation: the cardiomegaly before it is no alternative.
+            (
+                "Mild cardiomegaly as before with no effusions or overt evidence of CHF.",
+                &["cardiomegaly", "effusions", "CHF"],
+            ),
+        ] {
+            let a = assert_all(sentence, mentions);
+            assert!(!a[0].uncertain, "{sentence}: {a:?}");
+        }
+    }
+
+    /// A two-way cue that leads a cause ("possibly from", "possibly due to") qualifies the cause, not the finding
+    /// before it; the breaker that names the cause does not end its scope.
+    #[test]
+    fn a_hedge_before_a_cause_qualifies_the_cause() {
+        let a = assert_all(
+            "Bilateral large pleural effusion, possibly from pleuritis or the known pancreatitis.",
+            &["pleural effusion", "pleuritis", "pancreatitis"],
+        );
+        assert!(!a[0].uncertain && a[1].uncertain && a[2].uncertain, "{a:?}");
+        let a = assert_all("Pleural effusion, possibly due to heart failure.", &["Pleural effusion", "heart failure"]);
+        assert!(!a[0].uncertain && a[1].uncertain, "{a:?}");
+        // Without a cause after it the cue reaches back as before.
+        assert!(assert_one("Pleural effusion, possibly.", "Pleural effusion").uncertain);
+        // A negation before a cause: "not due to trauma".
+        assert!(assert_one("Rib pain not due to trauma.", "trauma").negated);
+    }
+
+    /// Hedges built from their parts (tools/build_context.py): any modal before a verb of representation, and a
+    /// finding hard to exclude whatever adverb of degree stands inside — uncertain, not negated.
+    #[test]
+    fn hedges_are_built_from_their_parts() {
+        for (sentence, mention) in [
+            ("Bibasilar opacities, pulmonary edema difficult to entirely exclude.", "pulmonary edema"),
+            ("The differential could include interstitial edema.", "interstitial edema"),
+            ("Pneumonia cannot be completely excluded.", "Pneumonia"),
+            ("Pneumonia cannot totally be excluded.", "Pneumonia"),
+            ("It is not possible to rule out a small pneumothorax.", "pneumothorax"),
+            ("The opacity might reflect atelectasis.", "atelectasis"),
+        ] {
+            let a = assert_one(sentence, mention);
+            assert!(a.uncertain && !a.negated, "{sentence}: {a:?}");
+        }
     }
 
     #[test]

@@ -212,6 +212,10 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                         "{v:<18} P {:.3}  R {:.3}  F1 {:.3}  (tp {} fp {} fn {})",
                         p.precision, p.recall, p.f1, p.tp, p.fp, p.fn_
                     );
+                    let labels = r.by_label.get(v).into_iter().flatten();
+                    let line: Vec<String> =
+                        labels.map(|(l, c)| format!("{l} {} ({} gold)", c.reports, c.gold_positive)).collect();
+                    println!("{:<18} {}", "", line.join("  "));
                 }
                 println!("macro F1 {:.3}  n {}", r.macro_f1, r.n);
             }
