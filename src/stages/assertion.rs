@@ -224,9 +224,8 @@ fn assert_with_cues(
         breakers[first..].iter().take_while(|&&(start, _)| start < b).any(|&(_, end)| end <= b)
     };
     let distance = |a: usize, b: usize| count_words(text, a, b, mentions);
-    // Lists of alternatives end at cues as at breakers: "effusion, possibly from pleuritis or …" offers no choice
-    // of effusion.
-    // Only a sentence with two mentions can offer one as an alternative to the other.
+    // Only a sentence with two mentions can offer one as an alternative to the other. Lists of alternatives end
+    // at cues as at breakers: "effusion, possibly from pleuritis or …" offers no choice of effusion.
     let groups = if mentions.len() >= 2 {
         let mut list_ends: Vec<(usize, usize)> = hits.iter().map(|h| (h.start, h.end)).collect();
         list_ends.extend(&breakers);
