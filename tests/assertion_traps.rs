@@ -4,6 +4,7 @@
 
 mod common;
 
+use clinstream::lexicon::EntityKind;
 use clinstream::stages::Pipeline;
 use clinstream::stages::assertion::{Assertion, AssertionParams, ContextRules, assert_sentence};
 
@@ -108,18 +109,22 @@ fn assertion_traps() {
         let close = marked.find(']').expect("closing bracket");
         let text = marked.replace(['[', ']'], "");
         let target = (open, close - 1);
-        // Other mentions in the sentence, as the pipeline would pass them.
-        let mut spans: Vec<(usize, usize)> = pipeline
-            .lexicon()
-            .find(&text)
+        // Other mentions in the sentence with their kinds, as the pipeline would pass them; the target is a
+        // finding (its kind where the lexicon knows it).
+        let lexicon = pipeline.lexicon();
+        let kind = |m: &clinstream::lexicon::TermMatch| lexicon.concept(m.concept).kind;
+        let found = lexicon.find(&text);
+        let target_kind = found.iter().find(|m| (m.start, m.end) == target).map_or(EntityKind::Disease, kind);
+        let mut mentions: Vec<((usize, usize), EntityKind)> = found
             .iter()
-            .map(|m| (m.start, m.end))
-            .filter(|&(s, e)| e <= target.0 || s >= target.1)
+            .filter(|m| m.end <= target.0 || m.start >= target.1)
+            .map(|m| ((m.start, m.end), kind(m)))
             .collect();
-        spans.push(target);
-        spans.sort();
-        let i = spans.iter().position(|s| *s == target).unwrap();
-        let got = assert_sentence(&text, (0, text.len()), &spans, rules, &params)[i];
+        mentions.push((target, target_kind));
+        mentions.sort();
+        let i = mentions.iter().position(|m| m.0 == target).unwrap();
+        let (spans, kinds): (Vec<(usize, usize)>, Vec<EntityKind>) = mentions.into_iter().unzip();
+        let got = assert_sentence(&text, (0, text.len()), &spans, &kinds, rules, &params)[i];
         if flags(&got) != *expected {
             failures.push(format!("{marked}: got `{}`, expected `{expected}`", flags(&got)));
         }

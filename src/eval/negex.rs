@@ -61,7 +61,8 @@ pub fn run(path: &Path, show_errors: bool) -> Result<NegexReport, EvalError> {
                     .iter()
                     .find(|s| s.start <= span.0 && span.1 <= s.end)
                     .map_or((0, sentence.len()), |s| (s.start, s.end));
-                assertion::assert_sentence(sentence, s, &[span], rules, &params)[0]
+                assertion::assert_sentence(sentence, s, &[span], &[crate::model::EntityKind::Disease], rules, &params)
+                    [0]
             }
             None => {
                 missing += 1;

@@ -15,7 +15,7 @@
 
 use super::compile::{NONE, Vocab};
 use super::matcher::Prepared;
-use super::{EntityKind, Lexicon, LexiconError, TermMatch};
+use super::{Lexicon, LexiconError, TermMatch};
 
 /// `data/lexicon/combining_forms.tsv`, compiled in.
 pub const COMBINING_FORMS_TSV: &str = include_str!("../../data/lexicon/combining_forms.tsv");
@@ -116,7 +116,7 @@ impl Glosses {
             }
             // The concept the matcher gives the term itself (the compound and its gloss mean the same).
             let Some(concept) = lexicon.term_concept(term) else { continue };
-            if !matches!(lexicon.concept(concept).kind, EntityKind::Disease | EntityKind::Symptom) {
+            if !lexicon.concept(concept).kind.is_finding() {
                 continue;
             }
             for p in &prefixes {

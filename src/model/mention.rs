@@ -37,6 +37,12 @@ impl EntityKind {
         })
     }
 
+    /// Whether the kind names a finding about the patient (a disease or a symptom), as opposed to a drug, a
+    /// procedure, a measurement or a site.
+    pub fn is_finding(self) -> bool {
+        matches!(self, Self::Disease | Self::Symptom)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Medication => "medication",

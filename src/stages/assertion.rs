@@ -11,16 +11,20 @@
 //!   loss" negates the whole list;
 //! * pseudo-cues (`no increase`, `not only`, `gram negative`, `history of present illness`) are matched like cues
 //!   and, being longer, hide the cue they contain; cues inside a mention are ignored;
-//! * `X: none` / `X: negative` / `X - denied` negate X.
+//! * `X: none` / `X: negative` / `X - denied` negate X;
+//! * mentions offered as alternatives to a mention of a like kind ("effusion or pneumothorax", "aspirin or
+//!   ibuprofen") are uncertain unless negated; a hedge right before a cause ("possibly from", "possibly due to")
+//!   qualifies the cause only.
 //!
 //! Section defaults (family history → family; past medical / surgical history → historical) are applied by
-//! `apply_section_defaults`. Sentence limits come from the sentence splitter. Cannot fail.
+//! `apply_section_defaults`. Sentence limits and mention kinds come from the caller. Cannot fail.
 
 use std::sync::OnceLock;
 
 use crate::lexicon::LexiconError;
 use crate::lexicon::matcher::{PhraseMatch, PhraseMatcher};
 pub use crate::model::Assertion;
+use crate::model::EntityKind;
 
 const CUES_TSV: &str = include_str!("../../data/context/cues.tsv");
 
@@ -167,15 +171,19 @@ const CONNECTORS: &[&str] = &[
 ];
 
 /// Assertions for the mentions (byte spans, in order) of one sentence `text[sentence.0..sentence.1]`.
+/// `kinds[i]` is mention `i`'s kind: only mentions of like kinds are offered as alternatives to each other
+/// (`alike`: "effusion or pneumothorax", "aspirin or ibuprofen"); a choice of side or site, or of a drug, beside a
+/// finding ("atelectasis in the left or right lung base", "aspirin or ibuprofen for headache") leaves it asserted.
 pub fn assert_sentence(
     text: &str,
     sentence: (usize, usize),
     mentions: &[(usize, usize)],
+    kinds: &[EntityKind],
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Assertion> {
     let cues = rules.matcher.find(&text[sentence.0..sentence.1]);
-    assert_with_cues(text, sentence, mentions, cues, rules, p)
+    assert_with_cues(text, sentence, mentions, kinds, cues, rules, p)
 }
 
 /// `assert_sentence` in a text already prepared for matching (`matcher::prepare(text)`): the cues are read off
@@ -185,11 +193,12 @@ pub fn assert_sentence_prepared(
     prepared: &crate::lexicon::matcher::Prepared,
     sentence: (usize, usize),
     mentions: &[(usize, usize)],
+    kinds: &[EntityKind],
     rules: &ContextRules,
     p: &AssertionParams,
 ) -> Vec<Assertion> {
     let cues = rules.matcher.find_within(text, prepared, sentence.0, sentence.1);
-    assert_with_cues(text, sentence, mentions, cues, rules, p)
+    assert_with_cues(text, sentence, mentions, kinds, cues, rules, p)
 }
 
 /// The assertions given the cue matches of the sentence (offsets in the sentence, leftmost-longest).
@@ -197,6 +206,7 @@ fn assert_with_cues(
     text: &str,
     sentence: (usize, usize),
     mentions: &[(usize, usize)],
+    kinds: &[EntityKind],
     cues: Vec<PhraseMatch>,
     rules: &ContextRules,
     p: &AssertionParams,
@@ -224,9 +234,10 @@ fn assert_with_cues(
         breakers[first..].iter().take_while(|&&(start, _)| start < b).any(|&(_, end)| end <= b)
     };
     let distance = |a: usize, b: usize| count_words(text, a, b, mentions);
-    // Only a sentence with two mentions can offer one as an alternative to the other. Lists of alternatives end
-    // at cues as at breakers: "effusion, possibly from pleuritis or …" offers no choice of effusion.
-    let groups = if mentions.len() >= 2 {
+    // Only a sentence with two mentions other than sites can offer one as an alternative to the other. Lists of
+    // alternatives end at cues as at breakers: "effusion, possibly from pleuritis or …" offers no choice of effusion.
+    debug_assert_eq!(kinds.len(), mentions.len());
+    let groups = if kinds.iter().filter(|&&k| k != EntityKind::Anatomy).count() >= 2 {
         let mut list_ends: Vec<(usize, usize)> = hits.iter().map(|h| (h.start, h.end)).collect();
         list_ends.extend(&breakers);
         disjunctions(text, sentence, mentions, &list_ends)
@@ -245,7 +256,8 @@ fn assert_with_cues(
 
     mentions
         .iter()
-        .map(|&(ms, me)| {
+        .enumerate()
+        .map(|(i, &(ms, me))| {
             let mut a = Assertion::default();
             for h in &hits {
                 for cue in &rules.cues[h.phrase as usize] {
@@ -276,7 +288,7 @@ fn assert_with_cues(
             if colon_none_follows(&text[me..s1]) {
                 a.negated = true;
             }
-            if !a.negated && in_disjunction(&groups, (ms, me), mentions) {
+            if !a.negated && in_disjunction(&groups, i, mentions, kinds) {
                 a.uncertain = true;
             }
             a
@@ -452,15 +464,27 @@ fn disjunctions(
     groups
 }
 
-/// Whether the mention lies in an item of a list of alternatives that holds another mention in another item.
-fn in_disjunction(groups: &[Vec<(usize, usize)>], (ms, me): (usize, usize), mentions: &[(usize, usize)]) -> bool {
+/// Whether mention `m` lies in an item of a list of alternatives that holds a mention of a like kind (`alike`) in
+/// another item.
+fn in_disjunction(groups: &[Vec<(usize, usize)>], m: usize, mentions: &[(usize, usize)], kinds: &[EntityKind]) -> bool {
     let within = |(a, b): (usize, usize), (ms, me): (usize, usize)| a <= ms && me <= b;
+    let (ms, me) = mentions[m];
     groups.iter().any(|items| {
         let Some(own) = items.iter().position(|&i| within(i, (ms, me))) else { return false };
         items.iter().enumerate().any(|(j, &i)| {
-            j != own && mentions.iter().any(|&m| m != (ms, me) && (m.1 <= ms || me <= m.0) && within(i, m))
+            j != own
+                && mentions.iter().zip(kinds).any(|(&o, &kind)| {
+                    alike(kinds[m], kind) && o != (ms, me) && (o.1 <= ms || me <= o.0) && within(i, o)
+                })
         })
     })
+}
+
+/// Whether mentions of kinds `a` and `b` can be alternatives to each other: a finding (disease or symptom) to a
+/// finding, a drug to a drug, a procedure to a procedure, a test to a test; a site never (a choice of side names no
+/// other finding).
+fn alike(a: EntityKind, b: EntityKind) -> bool {
+    a != EntityKind::Anatomy && (a == b || a.is_finding() && b.is_finding())
 }
 
 /// `X: none`, `X - negative`, `X: denied`, `X: absent`, `X: no`.
@@ -544,13 +568,12 @@ mod tests {
             for max in [settings.sentences.max_sentence_bytes, 40] {
                 let sents = sentences::split(note, &secs, &sentences::SentenceParams { max_sentence_bytes: max });
                 for s in &sents {
-                    let spans: Vec<(usize, usize)> = lexicon
-                        .find(&note[s.start..s.end])
-                        .iter()
-                        .map(|t| (s.start + t.start, s.start + t.end))
-                        .collect();
-                    let alone = assert_sentence(note, (s.start, s.end), &spans, rules, &p);
-                    let within = assert_sentence_prepared(note, &prepared, (s.start, s.end), &spans, rules, &p);
+                    let found = lexicon.find(&note[s.start..s.end]);
+                    let spans: Vec<(usize, usize)> =
+                        found.iter().map(|t| (s.start + t.start, s.start + t.end)).collect();
+                    let kinds: Vec<EntityKind> = found.iter().map(|t| lexicon.concept(t.concept).kind).collect();
+                    let alone = assert_sentence(note, (s.start, s.end), &spans, &kinds, rules, &p);
+                    let within = assert_sentence_prepared(note, &prepared, (s.start, s.end), &spans, &kinds, rules, &p);
                     assert_eq!(alone, within, "sentence at {}..{}", s.start, s.end);
                     assert_eq!(
                         rules.matcher.find(&note[s.start..s.end]),
@@ -570,22 +593,31 @@ mod tests {
             sentence,
             (0, sentence.len()),
             &[(start, start + mention.len())],
+            &[EntityKind::Disease],
             ContextRules::builtin(),
             &AssertionParams::default(),
         );
         r[0]
     }
 
-    /// The assertions of several mentions of one sentence, each found at its first occurrence.
+    /// The assertions of several findings (diseases) of one sentence, each found at its first occurrence.
     fn assert_all(sentence: &str, mentions: &[&str]) -> Vec<Assertion> {
+        let findings: Vec<(&str, EntityKind)> = mentions.iter().map(|&m| (m, EntityKind::Disease)).collect();
+        assert_kinds(sentence, &findings)
+    }
+
+    /// `assert_all` with mentions of the given kinds.
+    fn assert_kinds(sentence: &str, mentions: &[(&str, EntityKind)]) -> Vec<Assertion> {
         let spans: Vec<(usize, usize)> = mentions
             .iter()
-            .map(|m| {
+            .map(|(m, _)| {
                 let start = sentence.find(m).expect("mention in sentence");
                 (start, start + m.len())
             })
             .collect();
-        assert_sentence(sentence, (0, sentence.len()), &spans, ContextRules::builtin(), &AssertionParams::default())
+        let kinds: Vec<EntityKind> = mentions.iter().map(|&(_, k)| k).collect();
+        let (rules, p) = (ContextRules::builtin(), &AssertionParams::default());
+        assert_sentence(sentence, (0, sentence.len()), &spans, &kinds, rules, p)
     }
 
     /// Findings offered as alternatives ("A or B", "A, B or C") are not asserted; a negation still wins; a
@@ -594,9 +626,14 @@ mod tests {
     fn findings_offered_as_alternatives_are_uncertain() {
         let both = assert_all("Pleural effusions or pneumothorax.", &["Pleural effusions", "pneumothorax"]);
         assert!(both.iter().all(|a| a.uncertain && !a.negated), "{both:?}");
-        let list = assert_all(
+        let list = assert_kinds(
             "Marrow pneumothorax, focal lung consolidation or pleural effusions.",
-            &["Marrow", "pneumothorax", "lung", "pleural effusions"],
+            &[
+                ("Marrow", EntityKind::Anatomy),
+                ("pneumothorax", EntityKind::Disease),
+                ("lung", EntityKind::Anatomy),
+                ("pleural effusions", EntityKind::Disease),
+            ],
         );
         assert!(list[1].uncertain && list[3].uncertain, "{list:?}");
         let three = assert_all("Atelectasis, scarring or infiltrate in the left base.", &["Atelectasis", "infiltrate"]);
@@ -618,6 +655,33 @@ mod tests {
             let a = assert_all(sentence, mentions);
             assert!(!a[0].uncertain, "{sentence}: {a:?}");
         }
+    }
+
+    /// Only mentions of like kinds are alternatives: a choice of side or site beside a finding, or of drugs beside
+    /// a finding, leaves the finding asserted; findings to findings and drugs to drugs are still a choice.
+    #[test]
+    fn only_like_kinds_are_alternatives() {
+        use EntityKind::{Anatomy, Disease, Medication, Procedure, Symptom};
+        for (sentence, mentions) in [
+            ("Atelectasis in the left or right lung base.", &[("Atelectasis", Disease), ("lung", Anatomy)][..]),
+            ("Edema, right or left leg.", &[("Edema", Symptom), ("leg", Anatomy)]),
+            ("Removal of the spermatocele or needle drainage.", &[("spermatocele", Disease), ("drainage", Procedure)]),
+        ] {
+            let a = assert_kinds(sentence, mentions);
+            assert!(!a[0].uncertain && !a[1].uncertain, "{sentence}: {a:?}");
+        }
+        let a = assert_kinds(
+            "He takes aspirin or ibuprofen for headache.",
+            &[("aspirin", Medication), ("ibuprofen", Medication), ("headache", Symptom)],
+        );
+        assert!(a[0].uncertain && a[1].uncertain && !a[2].uncertain, "{a:?}");
+        let a = assert_kinds(
+            "Atelectasis or pneumonia in the right lung base.",
+            &[("Atelectasis", Disease), ("pneumonia", Disease), ("lung", Anatomy)],
+        );
+        assert!(a[0].uncertain && a[1].uncertain && !a[2].uncertain, "{a:?}");
+        let a = assert_kinds("Cough or dyspnea on exertion.", &[("Cough", Symptom), ("dyspnea", Symptom)]);
+        assert!(a.iter().all(|a| a.uncertain), "{a:?}");
     }
 
     /// A two-way cue that leads a cause ("possibly from", "possibly due to") qualifies the cause, not the finding

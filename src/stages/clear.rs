@@ -62,7 +62,7 @@ impl Heads {
                 continue;
             }
             let kind = lexicon.term_concept(head).map(|c| lexicon.concept(c).kind);
-            if kind.is_some_and(|k| !matches!(k, EntityKind::Disease | EntityKind::Symptom)) {
+            if kind.is_some_and(|k| !k.is_finding()) {
                 continue;
             }
             h.forms.insert(head.clone());

@@ -6,7 +6,7 @@
 //! kind, concept, span, sentence, section, and the ConText assertion computed over its sentence plus the section
 //! defaults. Cannot fail.
 
-use crate::lexicon::{Lexicon, TermMatch};
+use crate::lexicon::{EntityKind, Lexicon, TermMatch};
 use crate::model::Assertion;
 pub use crate::model::Mention;
 use crate::model::{Section, Sentence};
@@ -36,6 +36,7 @@ pub fn extract(
     };
     let mut out = Vec::with_capacity(matches.len());
     let mut spans: Vec<(usize, usize)> = Vec::new();
+    let mut kinds: Vec<EntityKind> = Vec::new();
     let mut m = 0;
     for (si, s) in sentences.iter().enumerate() {
         while m < matches.len() && matches[m].start < s.start {
@@ -61,7 +62,7 @@ pub fn extract(
             for t in g.pairs(text, &hits[from..h]) {
                 let taken = out[first..lexical]
                     .iter()
-                    .any(|x| x.start < t.end && t.start < x.end && x.kind != crate::lexicon::EntityKind::Anatomy);
+                    .any(|x| x.start < t.end && t.start < x.end && x.kind != EntityKind::Anatomy);
                 if !taken {
                     out.push(mention(t, si, s.section));
                 }
@@ -73,7 +74,10 @@ pub fn extract(
         if out.len() > first {
             spans.clear();
             spans.extend(out[first..].iter().map(|x| (x.start, x.end)));
-            let asserted = assertion::assert_sentence_prepared(text, &prepared, (s.start, s.end), &spans, rules, p);
+            kinds.clear();
+            kinds.extend(out[first..].iter().map(|x| x.kind));
+            let sentence = (s.start, s.end);
+            let asserted = assertion::assert_sentence_prepared(text, &prepared, sentence, &spans, &kinds, rules, p);
             for (mention, mut a) in out[first..].iter_mut().zip(asserted) {
                 assertion::apply_section_defaults(sections[s.section].name, &mut a);
                 mention.assertion = a;
