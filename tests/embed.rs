@@ -1581,7 +1581,7 @@ async fn eval_qa_on_a_small_record_set() {
     let pipeline = Pipeline::new(&s).unwrap();
     let embedder = Embedder::start_async(&s.embed).await.unwrap();
     let strategies: Vec<String> =
-        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree", "tree+cptf"]
+        ["clear", "clear-windows", "dense", "bm25", "hybrid", "hybrid-rrf", "tree", "tree+hybrid", "tree+cptf"]
             .map(String::from)
             .to_vec();
     // `tree+cptf`: the summaries compressed by the token-importance model, as `raptor.compress` does.

@@ -500,22 +500,18 @@ async fn serves_context_and_search(mut s: Settings) {
     assert_eq!(with_neighbour["previous"]["id"], with_neighbour["payload"]["prev_chunk_id"], "{with_neighbour}");
     assert_eq!(with_neighbour["previous"]["payload"]["doc_id"], with_neighbour["payload"]["doc_id"]);
 
-    // The collapsed tree (`strategy: tree`): the patient's chunks and summaries ranked together by the dense
-    // vector alone — exactly the store's own ranking of that record set — and only that patient's.
-    use clinstream::store::{Filters, Query, Record};
+    // The collapsed tree (`strategy: tree`): the patient's chunks and summaries ranked together by the fused
+    // dense and BM25 score — exactly the store's own ranking of that record set for the service's query, not the
+    // dense ranking alone — and only that patient's.
+    use clinstream::store::{Filters, Query, Record, Sparse, bm25};
     let store = api.indexer.store().clone();
     let p1 = Filters { patient: Some("Patient/p1".into()), ..Default::default() };
     let any = api.indexer.embedder().embed(&["findings"]).await.unwrap().remove(0);
-    let ask_store = |record: Record, dense: Vec<f32>, top: usize| {
+    let ask_store = |record: Record, dense: Vec<f32>, sparse: Sparse, top: usize| {
         let (store, filters) = (store.clone(), p1.clone());
-        async move {
-            store
-                .search(&Query { dense, sparse: Default::default(), filters, top, fields: None, record })
-                .await
-                .unwrap()
-        }
+        async move { store.search(&Query { dense, sparse, filters, top, fields: None, record }).await.unwrap() }
     };
-    let summaries = ask_store(Record::Summaries, any.clone(), 100).await;
+    let summaries = ask_store(Record::Summaries, any.clone(), Sparse::default(), 100).await;
     assert!(!summaries.is_empty(), "p1's notes have a summary tree");
     let text = summaries[0].payload["text"].as_str().unwrap().to_string();
     let (status, v) = api
@@ -528,9 +524,13 @@ async fn serves_context_and_search(mut s: Settings) {
     assert_eq!(status, 200, "{v}");
     let hits = v["hits"].as_array().unwrap();
     let vector = api.indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
-    let want: Vec<String> = ask_store(Record::Tree, vector, 20).await.into_iter().map(|h| h.id).collect();
+    let sparse = bm25::sparse_query(&bm25::encoder(s.store.bm25_avg_len).unwrap(), &text);
+    let ids = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<String>>();
+    let want = ids(ask_store(Record::Tree, vector.clone(), sparse, 20).await);
+    let dense_only = ids(ask_store(Record::Tree, vector, Sparse::default(), 20).await);
     let got: Vec<String> = hits.iter().map(|h| h["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(got, want);
+    assert_ne!(got, dense_only, "the fused ranking differs from the dense one for this query");
     assert!(hits.iter().all(|h| h["payload"]["patient"] == "Patient/p1"), "{v}");
     assert!(hits.iter().any(|h| h["payload"]["record"] == "summary"), "a summary's own text finds summaries: {v}");
     // Hybrid and dense searches stay on chunks; a tree without a patient, or an unknown strategy, is refused.

@@ -19,7 +19,8 @@
 //!   inside the returned chunks, so the strategies differ only in the context they return;
 //! * `tree` — RAPTOR's collapsed tree (`query::raptor`): each patient's tree built from the same chunks and
 //!   vectors (`raptor.*`), its summaries ranked with the chunks by cosine to the question and taken while they fit
-//!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree:128` with
+//!   the budget; the vote reads the mentions inside the chosen chunks and summary sentences. `tree+hybrid` ranks
+//!   the same candidates by the fused score of `hybrid` (a summary's BM25 from its text); `tree:128` with
 //!   summaries of 128 tokens; `tree@mean` retrieves summaries by their members' mean vector, not their text's;
 //!   `tree+cptf[@R][:N]` with CPTF-compressed summaries (`raptor.compress` = R, 0.5): like `clear+cptf`, its
 //!   `evidence_covered` and `evidence_notes` count the evidence inside what the context was cut from.
@@ -479,6 +480,42 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     let mut ranked: Vec<(usize, f32)> =
                         candidates.iter().enumerate().map(|(i, (v, _))| (i, cosine(&qv, v))).collect();
                     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                    if tree_strategy.starts_with("tree+hybrid") {
+                        // The same candidates fused with their BM25 scores as the stores fuse them: a chunk by its
+                        // own terms, a summary by its text's (an abstract's, once written).
+                        let b = bm25.as_ref().expect("bm25 built");
+                        let query = b.query(&q.question);
+                        let mut sparse: Vec<(usize, f32)> = (0..candidates.len())
+                            .map(|i| match i.checked_sub(own_chunks.len()) {
+                                None => (i, b.score(own_chunks[i], &query)),
+                                Some(n) => {
+                                    let text = node_abstracts[n].clone().unwrap_or_else(|| nodes[n].text());
+                                    (i, b.score_text(&text, &query))
+                                }
+                            })
+                            .filter(|&(_, s)| s > 0.0)
+                            .collect();
+                        sparse.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                        let hits = |r: &[(usize, f32)]| -> Vec<crate::store::Hit> {
+                            r.iter()
+                                .map(|&(i, score)| crate::store::Hit {
+                                    id: i.to_string(),
+                                    score,
+                                    payload: Default::default(),
+                                })
+                                .collect()
+                        };
+                        ranked = crate::store::fuse_by_score(
+                            hits(&ranked),
+                            hits(&sparse),
+                            fusion,
+                            b.idf_mass(&query),
+                            usize::MAX,
+                        )
+                        .into_iter()
+                        .filter_map(|h| Some((h.id.parse().ok()?, h.score)))
+                        .collect();
+                    }
                     let doc_index = |id: &str| docs.iter().position(|d| d.note.doc_id == id).unwrap_or(usize::MAX);
                     let spans_of = |i: usize| -> Vec<(usize, usize, usize)> {
                         match i.checked_sub(own_chunks.len()) {
@@ -501,7 +538,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         });
                         ranks[si].push(first);
                     }
-                    let chosen = raptor::collapsed(&qv, &candidates, budget_tokens);
+                    let tokens: Vec<usize> = candidates.iter().map(|c| c.1).collect();
+                    let chosen = raptor::collapsed(ranked.iter().map(|r| r.0), &tokens, budget_tokens);
                     let items: Vec<Vec<(usize, usize, usize)>> = chosen.iter().map(|&i| spans_of(i)).collect();
                     if params.compress.is_some() {
                         // `tree+cptf`: what the compressed summaries were cut from (and the chunks as they are).
@@ -1050,14 +1088,21 @@ impl Bm25 {
     }
 
     fn score(&self, chunk: usize, query: &crate::store::Sparse) -> f32 {
+        self.score_terms(&self.docs[chunk], query)
+    }
+
+    /// The score of a text outside the chunks (a summary) under the chunks' statistics.
+    fn score_text(&self, text: &str, query: &crate::store::Sparse) -> f32 {
+        let v = crate::store::bm25::sparse_document(&self.encoder, text);
+        self.score_terms(&v.indices.into_iter().zip(v.values).collect(), query)
+    }
+
+    fn score_terms(&self, doc: &HashMap<u32, f32>, query: &crate::store::Sparse) -> f32 {
         query
             .indices
             .iter()
             .zip(&query.values)
-            .map(|(i, q)| {
-                let d = self.docs[chunk].get(i).copied().unwrap_or(0.0);
-                q * d * self.idf.get(i).copied().unwrap_or(0.0)
-            })
+            .map(|(i, q)| q * doc.get(i).copied().unwrap_or(0.0) * self.idf.get(i).copied().unwrap_or(0.0))
             .sum()
     }
 }

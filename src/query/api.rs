@@ -279,9 +279,9 @@ pub enum SearchStrategy {
     /// The chunks by the dense vector alone.
     Dense,
     /// RAPTOR's collapsed tree: one patient's chunks and summary nodes (`record: "summary"`, with `level`,
-    /// `children`, `sentences`) ranked together by the dense vector. Needs `patient`; the summaries exist where
-    /// the worker runs with `raptor.enabled`. A summary has no section, type, concept or date fields, so those
-    /// filters leave summaries out.
+    /// `children`, `sentences`) ranked together by the fused score of `hybrid` (a summary's BM25 from its text or
+    /// abstract). Needs `patient`; the summaries exist where the worker runs with `raptor.enabled`. A summary has no
+    /// section, type, concept or date fields, so those filters leave summaries out.
     Tree,
 }
 

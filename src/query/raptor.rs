@@ -473,27 +473,19 @@ fn normalise(v: &mut [f32]) {
     }
 }
 
-/// The collapsed tree's retrieval: leaves and summaries ranked together by cosine to `query` (best first), taken
-/// while their tokens fit `budget`. Returns indices into `candidates` (pairs of vector and tokens).
-pub fn collapsed(query: &[f32], candidates: &[(&[f32], usize)], budget: usize) -> Vec<usize> {
-    let mut ranked: Vec<(usize, f32)> =
-        candidates.iter().enumerate().map(|(i, (v, _))| (i, cosine(query, v))).collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+/// The collapsed tree's retrieval: leaves and summaries in the order they rank (best first; by cosine to the
+/// question, or fused with BM25), taken while their `tokens` fit `budget`. Returns the candidates' indices.
+pub fn collapsed(ranked: impl IntoIterator<Item = usize>, tokens: &[usize], budget: usize) -> Vec<usize> {
     let mut left = budget;
     let mut out = Vec::new();
-    for (i, _) in ranked {
-        let t = candidates[i].1;
+    for i in ranked {
+        let t = tokens[i];
         if t <= left {
             left -= t;
             out.push(i);
         }
     }
     out
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let (na, nb) = (dot(a, a).sqrt(), dot(b, b).sqrt());
-    if na == 0.0 || nb == 0.0 { 0.0 } else { dot(a, b) / (na * nb) }
 }
 
 #[cfg(test)]
@@ -731,12 +723,10 @@ mod tests {
 
     #[test]
     fn the_collapsed_tree_takes_the_nearest_nodes_that_fit() {
-        let q = [1.0f32, 0.0];
-        let (a, b, c) = ([1.0f32, 0.1], [0.0f32, 1.0], [0.9f32, 0.5]);
-        let candidates: Vec<(&[f32], usize)> = vec![(&a, 60), (&b, 10), (&c, 50)];
-        // a (60) first, c does not fit the 40 left, b does.
-        assert_eq!(collapsed(&q, &candidates, 100), vec![0, 1]);
-        assert_eq!(collapsed(&q, &candidates, 120), vec![0, 2, 1]);
-        assert!(collapsed(&q, &candidates, 5).is_empty());
+        // Ranked a, c, b with 60, 50 and 10 tokens: a first, c does not fit the 40 left, b does.
+        let (ranked, tokens) = ([0, 2, 1], [60, 10, 50]);
+        assert_eq!(collapsed(ranked, &tokens, 100), vec![0, 1]);
+        assert_eq!(collapsed(ranked, &tokens, 120), vec![0, 2, 1]);
+        assert!(collapsed(ranked, &tokens, 5).is_empty());
     }
 }

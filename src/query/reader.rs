@@ -395,7 +395,7 @@ impl Reader {
     }
 
     /// The search of `strategy` for `text`: hybrid (dense and BM25 fused by score, `store.dense_weight`), dense
-    /// alone, or dense over the collapsed tree (the patient's chunks and RAPTOR summaries together).
+    /// alone, or hybrid over the collapsed tree (the patient's chunks and RAPTOR summaries together).
     async fn ranked(
         &self,
         text: &str,
@@ -409,7 +409,7 @@ impl Reader {
         let (sparse, record) = match strategy {
             api::SearchStrategy::Hybrid => (bm25::sparse_query(&self.bm25, text), Record::Chunks),
             api::SearchStrategy::Dense => (store::Sparse::default(), Record::Chunks),
-            api::SearchStrategy::Tree => (store::Sparse::default(), Record::Tree),
+            api::SearchStrategy::Tree => (bm25::sparse_query(&self.bm25, text), Record::Tree),
         };
         let q = Query { dense, sparse, filters, top, fields: None, record };
         Ok(self.store.search(&q).await?)

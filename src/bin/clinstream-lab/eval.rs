@@ -67,8 +67,8 @@ pub enum EvalCommand {
         /// `store.bm25_full_share` 0.6; without `^` every BM25 share counts linearly), hybrid-rrf (fused by
         /// reciprocal rank), hybrid+dense (the fused and the dense ranking taken in turn, fused first;
         /// `hybrid+dense@W[:M]` as hybrid@), tree (RAPTOR's collapsed tree over the same chunks, built under
-        /// `raptor.*`; `tree:128` with summaries of 128 tokens; `tree@mean` with summaries retrieved by their
-        /// members' mean vector; `tree+cptf`, `tree+cptf@0.7` with summaries CPTF-compressed to that share of their
+        /// `raptor.*`; `tree+hybrid` ranked by the fused score of hybrid; `tree:128` with summaries of 128 tokens;
+        /// `tree@mean` with summaries retrieved by their members' mean vector; `tree+cptf`, `tree+cptf@0.7` with summaries CPTF-compressed to that share of their
         /// sentences' tokens, 0.5 by default).
         #[arg(long, default_value = "clear,clear-windows,dense,bm25,hybrid", value_delimiter = ',')]
         strategy: Vec<String>,
@@ -246,11 +246,12 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                         "hybrid-rrf",
                         "tree",
                         "tree@mean",
-                        "tree+llm"
+                        "tree+llm",
+                        "tree+hybrid"
                     ]
                     .contains(&s.as_str())
                         || s == "clear+cptf"
-                        || ["tree", "tree@mean", "tree+llm"].iter().any(|t| {
+                        || ["tree", "tree@mean", "tree+llm", "tree+hybrid"].iter().any(|t| {
                             s.strip_prefix(t)
                                 .and_then(|r| r.strip_prefix(':'))
                                 .is_some_and(|n| n.parse::<usize>().is_ok_and(|n| n >= 16))
@@ -275,8 +276,8 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                             .is_some_and(|w| (0.0..=1.0).contains(&w)),
                     "unknown strategy `{s}` (clear, clear@SHARE, clear+cptf, clear+cptf@RATIO, clear-windows, dense, \
                      bm25, hybrid, hybrid@WEIGHT[:MATCHED][^POWER[/FULL]], hybrid-rrf, \
-                     hybrid+dense[@WEIGHT[:MATCHED]], tree, tree@mean, tree+llm, tree+cptf[@RATIO], \
-                     tree[@mean|+llm|+cptf[@RATIO]]:TOKENS)"
+                     hybrid+dense[@WEIGHT[:MATCHED]], tree, tree@mean, tree+llm, tree+hybrid, tree+cptf[@RATIO], \
+                     tree[@mean|+llm|+hybrid|+cptf[@RATIO]]:TOKENS)"
                 );
             }
             let r = runtime(&settings)?.block_on(async {
