@@ -244,31 +244,36 @@ fn assert_with_cues(
     } else {
         Vec::new()
     };
-    // Where a cue leads a cause ("possibly due to heart failure"), the breaker that names the cause ("due to")
-    // does not end its forward scope.
-    let scope_start = |h: &CueHit| {
-        if !leads_cause(text, h.end, s1) {
-            return h.end;
-        }
-        let next = text[h.end..s1].len() - text[h.end..s1].trim_start().len() + h.end;
-        breakers.iter().find(|&&(start, _)| start == next).map_or(h.end, |&(_, end)| end)
-    };
+    // Per cue, once: whether it leads a cause ("possibly due to heart failure"), and where its forward scope starts
+    // — past the breaker that names the cause ("due to"), which does not end it.
+    let leads: Vec<bool> = hits.iter().map(|h| leads_cause(text, h.end, s1)).collect();
+    let scope_starts: Vec<usize> = hits
+        .iter()
+        .zip(&leads)
+        .map(|(h, &leads)| {
+            if !leads {
+                return h.end;
+            }
+            let next = text[h.end..s1].len() - text[h.end..s1].trim_start().len() + h.end;
+            breakers.iter().find(|&&(start, _)| start == next).map_or(h.end, |&(_, end)| end)
+        })
+        .collect();
 
     mentions
         .iter()
         .enumerate()
         .map(|(i, &(ms, me))| {
             let mut a = Assertion::default();
-            for h in &hits {
+            for (k, h) in hits.iter().enumerate() {
                 for cue in &rules.cues[h.phrase as usize] {
                     let covers = h.start <= ms && me <= h.end;
                     let forward = matches!(cue.direction, Direction::Forward | Direction::Both)
                         && h.end <= ms
-                        && !blocked(scope_start(h), ms)
+                        && !blocked(scope_starts[k], ms)
                         && distance(h.end, ms) <= p.forward_words;
                     // "effusion, possibly from pleuritis": a two-way cue that leads a cause qualifies the cause.
                     let backward = (cue.direction == Direction::Backward
-                        || cue.direction == Direction::Both && !leads_cause(text, h.end, s1))
+                        || cue.direction == Direction::Both && !leads[k])
                         && me <= h.start
                         && !blocked(me, h.start)
                         && distance(me, h.start) <= p.backward_words;
@@ -361,7 +366,7 @@ fn disjunctions(
             let start = s0 + i;
             let mut end = start + c.len_utf8();
             while let Some(&(j, d)) = chars.peek() {
-                if !(d.is_alphanumeric() || d == '\'' || d == '/' || d == '-') {
+                if !in_word(d) {
                     break;
                 }
                 end = s0 + j + d.len_utf8();
@@ -499,6 +504,11 @@ fn colon_none_follows(after: &str) -> bool {
     matches!(word.as_str(), "none" | "negative" | "denied" | "denies" | "absent" | "no" | "nil")
 }
 
+/// Whether `c` continues a word that began with a letter or digit ("x-ray", "and/or", "patient's").
+fn in_word(c: char) -> bool {
+    c.is_alphanumeric() || c == '\'' || c == '/' || c == '-'
+}
+
 /// Words in `text[a..b]` outside mentions, not counting list connectors.
 fn count_words(text: &str, a: usize, b: usize, mentions: &[(usize, usize)]) -> usize {
     let mut n = 0;
@@ -518,7 +528,7 @@ fn count_words(text: &str, a: usize, b: usize, mentions: &[(usize, usize)]) -> u
         let start = i;
         while i < b {
             let c = char_at(i);
-            if !(c.is_alphanumeric() || c == '\'' || c == '/' || c == '-') {
+            if !in_word(c) {
                 break;
             }
             i += c.len_utf8();
