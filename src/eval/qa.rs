@@ -496,18 +496,9 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                             .filter(|&(_, s)| s > 0.0)
                             .collect();
                         sparse.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                        let hits = |r: &[(usize, f32)]| -> Vec<crate::store::Hit> {
-                            r.iter()
-                                .map(|&(i, score)| crate::store::Hit {
-                                    id: i.to_string(),
-                                    score,
-                                    payload: Default::default(),
-                                })
-                                .collect()
-                        };
                         ranked = crate::store::fuse_by_score(
-                            hits(&ranked),
-                            hits(&sparse),
+                            as_hits(&ranked),
+                            as_hits(&sparse),
                             fusion,
                             b.idf_mass(&query),
                             usize::MAX,
@@ -595,20 +586,11 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         r
                     };
                     let ids = |r: Vec<(usize, f32)>| r.into_iter().map(|x| x.0).collect::<Vec<_>>();
-                    let as_hits = |r: Vec<(usize, f32)>| {
-                        r.into_iter()
-                            .map(|(c, score)| crate::store::Hit {
-                                id: c.to_string(),
-                                score,
-                                payload: Default::default(),
-                            })
-                            .collect::<Vec<_>>()
-                    };
                     // Dense and BM25 fused by score as the stores fuse them (`store::fuse_by_score`).
                     let fused = |f: crate::store::Fusion| -> Vec<usize> {
                         crate::store::fuse_by_score(
-                            as_hits(dense_scored()),
-                            as_hits(bm25_scored()),
+                            as_hits(&dense_scored()),
+                            as_hits(&bm25_scored()),
                             f,
                             bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
                             usize::MAX,
@@ -1048,6 +1030,14 @@ pub fn parse_fusion(spec: &str) -> Option<crate::store::Fusion> {
         }
     }
     Some(fusion)
+}
+
+/// Ranked (candidate, score) pairs as store hits with the candidate's index as the id, for `store::fuse_by_score`.
+fn as_hits(ranked: &[(usize, f32)]) -> Vec<crate::store::Hit> {
+    ranked
+        .iter()
+        .map(|&(i, score)| crate::store::Hit { id: i.to_string(), score, payload: Default::default() })
+        .collect()
 }
 
 /// BM25 as the stores score it: the store's own sparse vectors (`store::bm25`: Qdrant's tokenizer, stemmer and
