@@ -687,10 +687,19 @@ pub struct VariableDef {
     #[serde(default = "yes")]
     pub historical_is_present: bool,
     /// The head noun of each of `concepts`' preferred names said alone ("effusion" for pleural effusion, "edema"
-    /// for pulmonary edema) is a mention too, unless another site's anatomy term stands right before it (for
-    /// variables whose notes name one site, as chest imaging reports do; docs/clear.md).
+    /// for pulmonary edema) is a mention too in `elliptic_sections`, unless another site's anatomy term stands
+    /// right before it or is attached after it by a preposition (docs/clear.md).
     #[serde(default)]
     pub elliptic_heads: bool,
+    /// Canonical sections where a head said alone counts (with `elliptic_heads`): those that hold an imaging
+    /// result. Elsewhere — an examination, the history, the review of systems, a plan — a bare "edema" is the
+    /// limbs' and a bare "effusion" a joint's (docs/clear.md).
+    #[serde(default = "default_elliptic_sections")]
+    pub elliptic_sections: Vec<String>,
+}
+
+fn default_elliptic_sections() -> Vec<String> {
+    ["findings", "impression", "imaging", "body"].map(String::from).to_vec()
 }
 
 fn default_kind() -> String {

@@ -140,6 +140,66 @@ fn elliptic_heads_are_mentions_unless_another_site_names_them() {
     assert_eq!(result(&on, "IMPRESSION: Ankle fracture. Pulmonary edema.\n", "edema_x").label, Label::Present);
 }
 
+/// A head said alone stands for the variable only where an imaging result is written (`elliptic_sections`: findings,
+/// impression, imaging, the unheaded body by default): an examination's, a history's or a review of systems' bare
+/// "edema" is the limbs', and their "effusion" a joint's. A site attached after the head by a preposition is its
+/// site too ("edema of the lower extremities", "effusion in the knee joint"), the variable's own site included
+/// ("edema in both lungs" counts). The full name counts everywhere; the sections are a setting of the variable.
+#[test]
+fn heads_said_alone_count_where_imaging_is_reported_and_not_of_a_site_named_after_them() {
+    let variable = |name: &str, concepts: &[&str], sections: Option<&[&str]>| -> VariableDef {
+        let mut t =
+            format!("name = \"{name}\"\nconcepts = {concepts:?}\nelliptic_heads = true\ndecision = \"any_present\"\n");
+        if let Some(s) = sections {
+            t.push_str(&format!("elliptic_sections = {s:?}\n"));
+        }
+        toml::from_str(&t).unwrap()
+    };
+    let defs = |sections: Option<&[&str]>| {
+        vec![variable("effusion_x", &["MESH:D010996"], sections), variable("edema_x", &["DOID:11396"], sections)]
+    };
+    let shipped = Pipeline::new(&settings_with_variables(defs(None), 150, 1024)).unwrap();
+    let exam = Pipeline::new(&settings_with_variables(defs(Some(&["physical_exam"])), 150, 1024)).unwrap();
+    let elsewhere = [
+        ("PHYSICAL EXAMINATION: Extremities: 2+ pitting edema bilaterally.\n", "edema_x"),
+        ("REVIEW OF SYSTEMS: No orthopnea or edema.\n", "edema_x"),
+        ("HISTORY OF PRESENT ILLNESS: Her knee has an effusion.\n", "effusion_x"),
+        ("PLAN: Ice to decrease the edema.\n", "edema_x"),
+    ];
+    for (text, variable) in elsewhere {
+        assert_eq!(result(&shipped, text, variable).label, Label::NotMentioned, "{variable} in {text:?}");
+    }
+    // The setting is read: with the examination admitted, its bare head counts (and the findings' no longer does).
+    let pe = "PHYSICAL EXAMINATION: Extremities: 2+ pitting edema bilaterally.\n";
+    assert_eq!(result(&exam, pe, "edema_x").label, Label::Present);
+    assert_eq!(result(&exam, "FINDINGS: Mild edema.\n", "edema_x").label, Label::NotMentioned);
+    let site_after = [
+        ("FINDINGS: Edema of the lower extremities.\n", "edema_x"),
+        ("IMPRESSION: Mild edema in the left ankle.\n", "edema_x"),
+        ("IMPRESSION: Small effusion in the knee joint.\n", "effusion_x"),
+    ];
+    for (text, variable) in site_after {
+        assert_eq!(result(&shipped, text, variable).label, Label::NotMentioned, "{variable} in {text:?}");
+    }
+    let counted = [
+        ("FINDINGS: Mild edema.\n", "edema_x", Label::Present),
+        ("Small effusions. No pneumothorax.\n", "effusion_x", Label::Present),
+        ("IMPRESSION: Edema in both lungs.\n", "edema_x", Label::Present),
+        ("IMPRESSION: No edema, in keeping with the clinical picture.\n", "edema_x", Label::Absent),
+        // The full name counts in any section, a site after it or not.
+        ("PHYSICAL EXAMINATION: Crackles; pulmonary edema of both lower lobes.\n", "edema_x", Label::Present),
+        ("REVIEW OF SYSTEMS: Known pleural effusion.\n", "effusion_x", Label::Present),
+    ];
+    for (text, variable, expected) in counted {
+        assert_eq!(result(&shipped, text, variable).label, expected, "{variable} in {text:?}");
+    }
+    // An unknown section name is a definition error that names the key.
+    let mut bad = settings_with_variables(defs(Some(&["exam"])), 150, 1024);
+    bad.clear.variables.truncate(1);
+    let err = Pipeline::new(&bad).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("effusion_x") && err.contains("unknown section `exam`"), "{err}");
+}
+
 #[test]
 fn weighted_votes_favour_heavier_sections_and_report_confidence() {
     let p = Pipeline::new(&common::settings()).unwrap();

@@ -256,12 +256,12 @@ pub fn assemble_with(
             .enumerate()
             .filter(|(_, m)| alignment.concepts.contains_key(&m.concept))
             .filter(|&(i, m)| {
-                // The answer variable's section filters apply to its own mentions, and so does its other-site rule
-                // (a head said alone right after another site's anatomy term is that site's finding: "ankle edema").
+                // The answer variable's section filters apply to its own mentions, and so do its rules for heads
+                // said alone (only where an imaging result is written, not of another site: "ankle edema").
                 !alignment.answer_concepts.contains(&m.concept)
                     || variable.is_none_or(|v| {
                         v.admits_section(note.sections[m.section].name)
-                            && !v.heads().of_another_site(note.text, note.mentions, i)
+                            && v.heads().admit(note.text, note.sections, note.mentions, i)
                     })
             })
             .map(|(_, m)| m)
@@ -940,7 +940,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_head_after_another_sites_anatomy_term_is_no_window_of_the_variable() {
+    fn a_head_of_another_site_or_outside_an_imaging_section_is_no_window_of_the_variable() {
         use crate::query::windows::{WindowNote, build, relations};
         let p = pipeline();
         let lexicon = p.lexicon();
@@ -976,6 +976,10 @@ pub(crate) mod tests {
         let bare = [doc(&p, "b", "2024-03-01", &format!("{} IMPRESSION: Mild edema. {}", filler(30), filler(30)))];
         let c = context(&p, &bare, question, 1000, 10);
         assert_eq!(c.answer.status, Label::Present, "{:?}", c.windows);
+        // In an examination the head alone is the limbs' (the variable's `elliptic_sections`): no vote, no window.
+        let exam = format!("PHYSICAL EXAMINATION: Lungs clear. 1+ pitting edema. {}", filler(30));
+        let c = context(&p, &[doc(&p, "exam", "2024-03-01", &exam)], question, 1000, 10);
+        assert_eq!(c.answer.status, Label::NotMentioned, "{:?}", c.windows);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! Targets: the variable's concepts and all their descendants in the lexicon hierarchies, plus its own synonyms
 //! (added to the lexicon as a concept `CS:variable:<name>`); with `elliptic_heads`, also the head noun of each of
 //! its concepts' preferred names said alone ("effusion", "edema"; a lexicon term targets its concept, another joins
-//! the variable's own), except right after an anatomy term of another site ("ankle edema"). Sections: an optional
+//! the variable's own), only in the sections that hold an imaging result (`elliptic_sections`) and not when an
+//! anatomy term of another site stands right before it ("ankle edema") or is attached after it by a preposition
+//! ("edema of the legs"). Sections: an optional
 //! allow-list and deny-list of canonical names. Decision: each target mention votes with its section's weight —
 //! affirmed (and historical, unless `historical_is_present = false`) for present, uncertain or hypothetical for
 //! uncertain, negated for absent; mentions about family members do not vote. The heaviest vote wins (ties: present,
@@ -43,7 +45,16 @@ pub struct Variable {
 pub struct Heads {
     pub forms: HashSet<String>,
     sites: Vec<String>,
+    /// Canonical sections where a head said alone counts (`VariableDef::elliptic_sections`).
+    sections: HashSet<String>,
 }
+
+/// Prepositions that attach a site after a finding ("edema of the legs", "effusion in the knee").
+const LOCATIVE: &[&str] =
+    &["of", "in", "at", "around", "about", "involving", "within", "over", "along", "on", "throughout"];
+/// Most words from a head to the anatomy term of a site named after it, the preposition included ("edema of the
+/// left lower extremity").
+const SITE_AFTER_WORDS: usize = 5;
 
 /// Letters of a word that name its stem when sites are compared ("pleura" and "pleural").
 const SITE_STEM: usize = 5;
@@ -90,21 +101,46 @@ impl Heads {
         h
     }
 
-    /// Whether the mention at `i` is a head said alone right after an anatomy term of another site ("ankle edema",
-    /// "knee effusion"): that is the other site's finding, not the variable's.
-    pub fn of_another_site(&self, text: &str, mentions: &[Mention], i: usize) -> bool {
+    /// Whether the mention at `i` stands for the variable as far as its heads go: a mention that is no head said
+    /// alone does; a head said alone does in the sections that hold an imaging result (`elliptic_sections`) unless
+    /// another site names it — an anatomy term of another site right before it ("ankle edema", "knee effusion") or
+    /// attached after it by a preposition ("edema of the lower extremities", "effusion in the knee").
+    pub fn admit(&self, text: &str, sections: &[Section], mentions: &[Mention], i: usize) -> bool {
         let m = &mentions[i];
         if self.forms.is_empty()
             || !text.get(m.start..m.end).is_some_and(|t| self.forms.contains(&t.to_ascii_lowercase()))
         {
+            return true;
+        }
+        if !sections.get(m.section).is_some_and(|s| self.sections.contains(s.name)) {
             return false;
         }
-        let Some(before) = i.checked_sub(1).map(|j| &mentions[j]) else { return false };
-        let adjacent = before.end <= m.start
-            && text.get(before.end..m.start).is_some_and(|t| t.chars().all(|c| c.is_whitespace() || c == '-'));
-        adjacent
-            && before.kind == EntityKind::Anatomy
-            && !text[before.start..before.end]
+        let before = i.checked_sub(1).map(|j| &mentions[j]).filter(|b| {
+            b.end <= m.start
+                && text.get(b.end..m.start).is_some_and(|t| t.chars().all(|c| c.is_whitespace() || c == '-'))
+        });
+        !before.is_some_and(|b| self.another_site(text, b)) && !self.site_after(text, mentions, i)
+    }
+
+    /// Whether the mention after the head at `i` is an anatomy term of another site attached by a preposition, within
+    /// the clause: "edema of the left leg", "effusion in the knee joint" (no punctuation between, no other mention).
+    fn site_after(&self, text: &str, mentions: &[Mention], i: usize) -> bool {
+        let m = &mentions[i];
+        let Some(next) = mentions[i + 1..].iter().find(|n| n.start >= m.end) else { return false };
+        let Some(gap) = text.get(m.end..next.start) else { return false };
+        let mut words = gap.split_whitespace();
+        let first = words.next().map(str::to_ascii_lowercase);
+        first.is_some_and(|w| LOCATIVE.contains(&w.as_str()))
+            && gap.split_whitespace().count() <= SITE_AFTER_WORDS
+            && !gap.contains(['.', ',', ';', ':', '(', ')'])
+            && self.another_site(text, next)
+    }
+
+    /// Whether `m` is an anatomy term none of whose words shares a stem with the variable's names ("ankle" for
+    /// pulmonary edema; "lung" is its own site: "wet lung").
+    fn another_site(&self, text: &str, m: &Mention) -> bool {
+        m.kind == EntityKind::Anatomy
+            && !text[m.start..m.end]
                 .split(|c: char| !c.is_ascii_alphabetic())
                 .filter(|w| w.len() >= 4)
                 .any(|w| self.sites.iter().any(|s| w.to_ascii_lowercase().starts_with(s.as_str())))
@@ -166,7 +202,7 @@ pub fn compile(
                 problems.push(format!("{key}.concepts: unknown concept id `{c}`"));
             }
         }
-        for s in d.sections.iter().chain(&d.exclude_sections) {
+        for s in d.sections.iter().chain(&d.exclude_sections).chain(&d.elliptic_sections) {
             if !CANONICAL_SECTIONS.contains(&s.as_str()) {
                 problems.push(format!("{key}: unknown section `{s}`"));
             }
@@ -196,6 +232,7 @@ pub fn compile(
     for (i, d) in defs.iter().enumerate().filter(|(_, d)| d.elliptic_heads) {
         let roots: Vec<u32> = d.concepts.iter().filter_map(|c| base.concept_index(c)).collect();
         heads[i] = Heads::of(&roots, base);
+        heads[i].sections = d.elliptic_sections.iter().cloned().collect();
         let mut forms: Vec<&String> = heads[i].forms.iter().collect();
         forms.sort();
         for f in forms {
@@ -357,7 +394,7 @@ pub fn evaluate(
     for (i, m) in mentions.iter().enumerate() {
         for &v in index.variables_of.get(&m.concept).map(Vec::as_slice).unwrap_or_default() {
             let var = &vars[v as usize];
-            if var.admits_section(sections[m.section].name) && !var.heads.of_another_site(text, mentions, i) {
+            if var.admits_section(sections[m.section].name) && var.heads.admit(text, sections, mentions, i) {
                 targets[v as usize].push(m);
             }
         }
