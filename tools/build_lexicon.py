@@ -158,10 +158,10 @@ def uninvert(term: str):
     return None
 
 
-def plural(term: str):
+def plural(term: str, min_len: int = 4):
     words = term.split(" ")
     last = words[-1]
-    if not last.isalpha() or len(last) < 4:
+    if not last.isalpha() or len(last) < min_len or ROMAN.fullmatch(last):
         return None
     if last.endswith(("s", "x", "z", "ch", "sh")):
         if last.endswith(("itis", "osis", "sis", "us", "ss", "x", "z", "ch", "sh")):
@@ -174,6 +174,28 @@ def plural(term: str):
     else:
         p = last + "s"
     return " ".join(words[:-1] + [p])
+
+
+ROMAN = re.compile(r"[ivxlc]+")
+
+
+def singular(term: str):
+    """The singular of a body part named in the plural ("joints" -> "joint", "extremities" -> "extremity",
+    "paranasal sinuses" -> "paranasal sinus"); None for a word that is no regular plural ("pelvis", "bronchus",
+    "pons", "cortices")."""
+    words = term.split(" ")
+    last = words[-1]
+    if not last.isalpha() or not last.endswith("s") or ROMAN.fullmatch(last):
+        return None
+    if last.endswith(("ss", "us", "is", "as", "os", "ys", "ices", "oses")):
+        return None
+    if last.endswith("ies"):
+        one = last[:-3] + "y"
+    elif last.endswith(("sses", "ches", "shes", "xes", "uses")):
+        one = last[:-2]
+    else:
+        one = last[:-1]
+    return " ".join(words[:-1] + [one]) if len(one) >= 4 else None
 
 
 def mesh_kind(trees: list[str]):
@@ -220,7 +242,9 @@ def main() -> None:
         if key not in terms:
             terms[key] = (cid, source)
         if variants and not case_sensitive and concepts[cid]["kind"] in ("disease", "symptom", "procedure", "anatomy"):
-            p = plural(t)
+            # A body part's name of one short word has its plural too ("leg", "legs"; "arm", "arms").
+            short = concepts[cid]["kind"] == "anatomy" and " " not in t
+            p = plural(t, 3 if short else 4)
             if p and (p, False) not in terms:
                 terms[(p, False)] = (cid, source + "+plural")
 
@@ -395,6 +419,16 @@ def main() -> None:
                 terms[(form, True)] = (cid, "stetson")
 
     terms = {k: v for k, v in terms.items() if v[0] in concepts}
+    # Body parts named in the plural ("Joints", "Extremities") are named in the singular too, where no source
+    # already gives that singular a meaning: "joint effusion" is the joint's. Last, so that no abbreviation takes a
+    # sense from them.
+    for (t, cs), (cid, source) in list(terms.items()):
+        if cs or cid not in concepts or concepts[cid]["kind"] != "anatomy":
+            continue
+        one = singular(t)
+        if one and (one, False) not in terms and one not in STOP:
+            terms[(one, False)] = (cid, source + "+singular")
+
     used = {cid for cid, _ in terms.values()}
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "concepts.tsv", "w") as f:
