@@ -407,6 +407,23 @@ mod tests {
         assert!(!found.iter().any(|(t, _)| *t == "Pt"), "stop words are not entities: {found:?}");
     }
 
+    /// Body parts are named in both numbers: MeSH's plural headings have their singular ("Joints" → "joint"),
+    /// short names their plural ("leg" → "legs"), each the same concept; words that are no regular plural keep
+    /// their form ("pons", "pelvis") and give no false singular.
+    #[test]
+    fn body_parts_are_named_in_both_numbers() {
+        let lex = Lexicon::builtin();
+        for (one, many) in [("joint", "joints"), ("extremity", "extremities"), ("finger", "fingers"), ("leg", "legs")] {
+            let (a, b) = (lex.term_concept(one), lex.term_concept(many));
+            assert!(a.is_some() && a == b, "{one} / {many}: {a:?} {b:?}");
+            assert_eq!(lex.concept(a.unwrap()).kind, EntityKind::Anatomy, "{one}");
+        }
+        assert!(lex.term_concept("pons").is_some());
+        for junk in ["pon", "pelvi", "cortice", "factor viiis"] {
+            assert!(lex.term_concept(junk).is_none(), "{junk}");
+        }
+    }
+
     #[test]
     fn tsv_lines_and_fields() {
         let text = "a\tb\r\n#c\n\nd\te\tf";
