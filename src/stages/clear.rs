@@ -128,8 +128,7 @@ impl Heads {
         let m = &mentions[i];
         let Some(next) = mentions[i + 1..].iter().find(|n| n.start >= m.end) else { return false };
         let Some(gap) = text.get(m.end..next.start) else { return false };
-        let mut words = gap.split_whitespace();
-        let first = words.next().map(str::to_ascii_lowercase);
+        let first = gap.split_whitespace().next().map(str::to_ascii_lowercase);
         first.is_some_and(|w| LOCATIVE.contains(&w.as_str()))
             && gap.split_whitespace().count() <= SITE_AFTER_WORDS
             && !gap.contains(['.', ',', ';', ':', '(', ')'])
