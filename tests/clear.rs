@@ -81,6 +81,17 @@ fn compounds_are_found_by_their_parts_plain_words() {
     );
 }
 
+/// A radiology-style variable over `concepts`: `any_present`, with or without `elliptic_heads`, and its
+/// `elliptic_sections` when given.
+fn heads_variable(name: &str, concepts: &[&str], on: bool, sections: Option<&[&str]>) -> VariableDef {
+    let mut t =
+        format!("name = \"{name}\"\nconcepts = {concepts:?}\nelliptic_heads = {on}\ndecision = \"any_present\"\n");
+    if let Some(s) = sections {
+        t.push_str(&format!("elliptic_sections = {s:?}\n"));
+    }
+    toml::from_str(&t).unwrap()
+}
+
 /// `elliptic_heads`: with no hand-written synonym, the head noun of a concept's name said alone is a mention of the
 /// variable ("large right effusion", "interstitial edema", a modifier between the name's words), with its assertion;
 /// another site's anatomy term right before it makes it that site's finding ("ankle edema", "knee effusion"), while
@@ -88,12 +99,7 @@ fn compounds_are_found_by_their_parts_plain_words() {
 /// ("pericardial effusion"); a head that is anatomy ("heart" of "enlarged heart") is never one; off, none counts.
 #[test]
 fn elliptic_heads_are_mentions_unless_another_site_names_them() {
-    let variable = |name: &str, concepts: &[&str], on: bool| -> VariableDef {
-        toml::from_str(&format!(
-            "name = \"{name}\"\nconcepts = {concepts:?}\nelliptic_heads = {on}\ndecision = \"any_present\"\n"
-        ))
-        .unwrap()
-    };
+    let variable = |name: &str, concepts: &[&str], on: bool| heads_variable(name, concepts, on, None);
     let defs = |on: bool| {
         vec![
             variable("effusion_x", &["MESH:D010996"], on),
@@ -147,16 +153,11 @@ fn elliptic_heads_are_mentions_unless_another_site_names_them() {
 /// ("edema in both lungs" counts). The full name counts everywhere; the sections are a setting of the variable.
 #[test]
 fn heads_said_alone_count_where_imaging_is_reported_and_not_of_a_site_named_after_them() {
-    let variable = |name: &str, concepts: &[&str], sections: Option<&[&str]>| -> VariableDef {
-        let mut t =
-            format!("name = \"{name}\"\nconcepts = {concepts:?}\nelliptic_heads = true\ndecision = \"any_present\"\n");
-        if let Some(s) = sections {
-            t.push_str(&format!("elliptic_sections = {s:?}\n"));
-        }
-        toml::from_str(&t).unwrap()
-    };
     let defs = |sections: Option<&[&str]>| {
-        vec![variable("effusion_x", &["MESH:D010996"], sections), variable("edema_x", &["DOID:11396"], sections)]
+        vec![
+            heads_variable("effusion_x", &["MESH:D010996"], true, sections),
+            heads_variable("edema_x", &["DOID:11396"], true, sections),
+        ]
     };
     let shipped = Pipeline::new(&settings_with_variables(defs(None), 150, 1024)).unwrap();
     let exam = Pipeline::new(&settings_with_variables(defs(Some(&["physical_exam"])), 150, 1024)).unwrap();
