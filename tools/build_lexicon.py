@@ -158,6 +158,10 @@ def uninvert(term: str):
     return None
 
 
+# A Roman numeral ("viii", "xii"): no plural or singular of it is a word.
+ROMAN = re.compile(r"[ivxlc]+")
+
+
 def plural(term: str, min_len: int = 4):
     words = term.split(" ")
     last = words[-1]
@@ -174,9 +178,6 @@ def plural(term: str, min_len: int = 4):
     else:
         p = last + "s"
     return " ".join(words[:-1] + [p])
-
-
-ROMAN = re.compile(r"[ivxlc]+")
 
 
 def singular(term: str):
@@ -423,7 +424,7 @@ def main() -> None:
     # already gives that singular a meaning: "joint effusion" is the joint's. Last, so that no abbreviation takes a
     # sense from them.
     for (t, cs), (cid, source) in list(terms.items()):
-        if cs or cid not in concepts or concepts[cid]["kind"] != "anatomy":
+        if cs or concepts[cid]["kind"] != "anatomy":
             continue
         one = singular(t)
         if one and (one, False) not in terms and one not in STOP:
