@@ -177,6 +177,10 @@ pub enum BenchCommand {
         /// Alternating runs of every setting; the best of each is kept.
         #[arg(long, default_value_t = 2)]
         runs: usize,
+        /// Embedded store: also wait, after the points are durable, for the maintenance their writes started and
+        /// report `settled_seconds` (tens of seconds on 2 cores).
+        #[arg(long)]
+        settled: bool,
         #[arg(long, env = "CLINSTREAM_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -282,14 +286,28 @@ pub fn exec(command: BenchCommand) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }
-        BenchCommand::Store { csv, column, points, docs, chunks, windows, concurrency, groups, url, runs, config } => {
+        BenchCommand::Store {
+            csv,
+            column,
+            points,
+            docs,
+            chunks,
+            windows,
+            concurrency,
+            groups,
+            url,
+            runs,
+            settled,
+            config,
+        } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             let events = match &csv {
                 Some(csv) => measure::events(csv, &column, Some(docs)).context("reading the corpus")?,
                 None => Vec::new(),
             };
             let real = csv.is_some().then_some((&pipeline, events.as_slice(), points));
-            let r = measure::store(&settings, real, docs, chunks, windows, concurrency, &groups, url.as_deref(), runs)?;
+            let url = url.as_deref();
+            let r = measure::store(&settings, real, docs, chunks, windows, concurrency, &groups, url, runs, settled)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(ExitCode::SUCCESS)
         }

@@ -967,6 +967,12 @@ pub struct StoreRun {
     pub docs: usize,
     pub seconds: f64,
     pub docs_per_s: f64,
+    /// Embedded store with `--settled`: seconds until the points were durable and the maintenance their writes
+    /// started had finished (the segment rebuilds `seconds` leaves running), and documents per second over them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled_docs_per_s: Option<f64>,
     /// Mean documents per group write.
     pub mean_group_documents: f64,
     /// docs/s over the same store's run with `group_points = 0` in this invocation.
@@ -989,6 +995,7 @@ pub fn store(
     groups: &[usize],
     url: Option<&str>,
     runs: usize,
+    settled: bool,
 ) -> anyhow::Result<Vec<StoreRun>> {
     use std::sync::Arc;
 
@@ -1121,6 +1128,13 @@ pub fn store(
                         t.await??;
                     }
                     let seconds = clock.elapsed().as_secs_f64();
+                    let settled = match &*store {
+                        Store::Embedded(embedded) if settled => {
+                            embedded.maintenance_idle().await;
+                            Some(clock.elapsed().as_secs_f64())
+                        }
+                        _ => None,
+                    };
                     let groups =
                         clinstream::telemetry::metrics::metrics().store_group_documents.get_sample_count() - groups0;
                     let count = store.count().await?;
@@ -1128,10 +1142,10 @@ pub fn store(
                         server.drop_collection().await?;
                     }
                     let mean_group = if groups == 0 { 1.0 } else { docs as f64 / groups as f64 };
-                    anyhow::Ok((seconds, count, mean_group))
+                    anyhow::Ok((seconds, settled, count, mean_group))
                 });
                 let _ = std::fs::remove_dir_all(&dir);
-                let (seconds, count, mean_group) = result?;
+                let (seconds, settled, count, mean_group) = result?;
                 anyhow::ensure!(count == chunk_points, "{kind} store holds {count} chunks, expected {chunk_points}");
                 out.push(StoreRun {
                     store: kind,
@@ -1142,6 +1156,8 @@ pub fn store(
                     docs,
                     seconds,
                     docs_per_s: docs as f64 / seconds,
+                    settled_seconds: settled,
+                    settled_docs_per_s: settled.map(|s| docs as f64 / s),
                     mean_group_documents: mean_group,
                     ratio_to_ungrouped: None,
                 });
