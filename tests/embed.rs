@@ -221,6 +221,41 @@ fn bench_embed_sweeps_and_checks_against_the_cpu_reference() {
     }
 }
 
+/// `bench store --settled` (what the capacity benchmark's store bound reads) also reports, for the embedded store,
+/// the time until the maintenance its writes started had finished — never before the points were durable — and
+/// only when asked: without the flag the rows have no such fields.
+#[test]
+fn bench_store_reports_the_settled_time_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = |extra: &[&str]| {
+        let out = common::lab()
+            .args(["bench", "store", "--docs", "60", "--chunks", "4", "--windows", "2", "--concurrency", "8"])
+            .args(["--groups", "2048", "--runs", "1"])
+            .args(extra)
+            .env_remove("QDRANT_URL")
+            // Maintenance after every few points, with indexes built, so there is maintenance to wait for.
+            .env("CLINSTREAM__STORE__MAINTAIN_EVERY", "10")
+            .env("CLINSTREAM__STORE__INDEX_THRESHOLD_KB", "1")
+            .env("CLINSTREAM__LOG__LEVEL", "warn")
+            .env("TMPDIR", dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(rows.len(), 1, "one row: the embedded store, one group setting");
+        assert_eq!(rows[0]["store"], "embedded");
+        rows[0].clone()
+    };
+    let plain = bench(&[]);
+    assert!(plain.get("settled_seconds").is_none() && plain.get("settled_docs_per_s").is_none(), "{plain}");
+    let settled = bench(&["--settled"]);
+    let (durable, done) = (settled["seconds"].as_f64().unwrap(), settled["settled_seconds"].as_f64().unwrap());
+    assert!(done >= durable, "{settled}");
+    let rate = settled["settled_docs_per_s"].as_f64().unwrap();
+    assert!((rate - 60.0 / done).abs() < 1e-6 * rate.max(1.0), "{settled}");
+    assert!(rate <= settled["docs_per_s"].as_f64().unwrap(), "{settled}");
+}
+
 /// `bench seos --bound-only` (what `make bench` measures beside each end-to-end run) gives each mode's bound from
 /// the same model inputs as the full SEOS bench: the same embedded tokens, and the bound is the bare loop's rate
 /// over the tokens per note; no `groups` reference is run; an unknown mode is refused.
