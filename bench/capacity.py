@@ -20,11 +20,14 @@ each in notes/s, and the ratio of the first to the smaller of the other two (1.0
 its slowest part; the goal is at least 0.8). File-mode notes/s are the run's own (`clinstream run`'s summary:
 from the first note to the store flushed, start-up excluded); Kafka-mode ones from every worker ready to the input
 offsets committed (bench/kafka_e2e.py), with the share of the cores the broker took in each (it runs on the same
-cores here). CAPACITY_ROUNDS (default 2) runs every measurement that many times,
+cores here). Both clocks stop when the points are durable, before most of the segment maintenance their writes
+start; for the embedded store each file row also gives the pair with it: the store alone until that maintenance
+has finished (`bench store --settled`), and the file run until its process exits after finishing it
+(`store.maintenance_wait_ms` raised), start-up excluded. CAPACITY_ROUNDS (default 2) runs every measurement that many times,
 entries alternating, and keeps each one's best. CAPACITY_MODES (default "file kafka") and the worker's own
 environment (CLINSTREAM__STORE__SHARDS, CLINSTREAM__PIPELINE__IN_FLIGHT, ...) pass through. Standard library
 only."""
-import time, json, os, re, shutil, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kafka_e2e  # noqa: E402
