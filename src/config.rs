@@ -243,6 +243,10 @@ pub struct ServeSettings {
     /// After the CLEAR windows, fill what is left of the budget with the patient's chunks nearest the question
     /// (dense search, same filters); a request's `fill` overrides it.
     pub fill: bool,
+    /// `/v1/search` (`hybrid`, `tree`): the query is aligned to concepts as a context's question is, and a chunk
+    /// that mentions an aligned answer concept counts as a full BM25 match, whatever words it uses (the chunks'
+    /// `concepts`; docs/read-side.md). false: the query's words only.
+    pub match_concepts: bool,
     /// Counts context tokens with this `tokenizer.json` (the downstream LLM's); empty = the embedding model's.
     pub tokenizer: String,
     /// CPTF (a request's `compress`): the token-importance model inside `embed.model_dir`, loaded on the first

@@ -203,6 +203,7 @@ fn eval_qa_asks_the_llm_and_scores_it_beside_the_rule_vote() {
             chunker: None,
             fusion: clinstream::store::Fusion::of(&s.store),
             bm25_avg_len: s.store.bm25_avg_len,
+            match_concepts: s.serve.match_concepts,
             summaries: None,
             llm: Some(&eval_llm),
             sample: 2,
@@ -271,6 +272,7 @@ fn eval_qa_builds_the_tree_with_abstractive_summaries() {
             chunker: None,
             fusion: clinstream::store::Fusion::of(&s.store),
             bm25_avg_len: s.store.bm25_avg_len,
+            match_concepts: s.serve.match_concepts,
             summaries: Some((&summarizer, 1536)),
             llm: None,
             sample: 1,
@@ -480,6 +482,7 @@ async fn abstracts_written(mut s: Settings, server: &LlmServer) {
             top: 3,
             fields: None,
             record: Record::Summaries,
+            matched: Vec::new(),
         };
         let found = store.search(&q).await.unwrap();
         assert!(found.iter().any(|h| h.id == id && h.score > 0.999), "{found:?}");

@@ -28,7 +28,15 @@ fn settings(dir: &Path) -> Option<Settings> {
 
 /// A dense-only query for the `top` chunks nearest `dense`, with every payload field.
 fn nearest(dense: Vec<f32>, top: usize) -> Query {
-    Query { dense, sparse: Default::default(), filters: Default::default(), top, fields: None, record: Record::Chunks }
+    Query {
+        dense,
+        sparse: Default::default(),
+        filters: Default::default(),
+        top,
+        fields: None,
+        record: Record::Chunks,
+        matched: Vec::new(),
+    }
 }
 
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
@@ -448,6 +456,7 @@ async fn indexes_replaces_versions_and_removes_entered_in_error(s: Settings) {
                 top: 3,
                 fields: None,
                 record: Record::Chunks,
+                matched: Vec::new(),
             };
             store.search(&q).await.unwrap()
         }
@@ -578,7 +587,15 @@ async fn summary_trees(mut s: Settings) {
     let all = |record: Record, filters: Filters| {
         let (store, dense) = (store.clone(), probe.clone());
         async move {
-            let q = Query { dense, sparse: Default::default(), filters, top: 500, fields: None, record };
+            let q = Query {
+                dense,
+                sparse: Default::default(),
+                filters,
+                top: 500,
+                fields: None,
+                record,
+                matched: Vec::new(),
+            };
             store.search(&q).await.unwrap()
         }
     };
@@ -627,6 +644,7 @@ async fn summary_trees(mut s: Settings) {
         top: 3,
         fields: None,
         record: Record::Summaries,
+        matched: Vec::new(),
     };
     let found = store.search(&q).await.unwrap();
     if s.raptor.summary_vectors == "text" {
@@ -800,6 +818,7 @@ async fn compressed_summaries_quote_more_within_their_tokens_and_keep_their_cita
                 top: 500,
                 fields: None,
                 record: Record::Summaries,
+                matched: Vec::new(),
             };
             let mut hits = indexer.store().search(&q).await.unwrap();
             hits.sort_by(|a, b| a.id.cmp(&b.id));
@@ -868,6 +887,7 @@ async fn compressed_summaries_quote_more_within_their_tokens_and_keep_their_cita
         top: 1,
         fields: None,
         record: Record::Summaries,
+        matched: Vec::new(),
     };
     let found = indexer.store().search(&q).await.unwrap();
     assert!(found[0].id == compressed[0].id && found[0].score > 0.999, "{found:?}");
@@ -1633,6 +1653,7 @@ async fn eval_qa_on_a_small_record_set() {
         chunker: None,
         fusion: clinstream::store::Fusion::of(&s.store),
         bm25_avg_len: s.store.bm25_avg_len,
+        match_concepts: s.serve.match_concepts,
         summaries: None,
         llm: None,
         sample: 1,
@@ -1923,6 +1944,7 @@ async fn a_sharded_embedded_store_answers_as_one_shard_does() {
             top: 5,
             fields: None,
             record: Record::Chunks,
+            matched: Vec::new(),
         };
         let hits = store.search(&hybrid).await.unwrap();
         assert_eq!(hits[0].id, point_id("doc-7", "1", 0).to_string());
@@ -2199,6 +2221,7 @@ async fn fading_partial_bm25_matches(mut s: Settings) {
         top: 3,
         fields: None,
         record: Record::Chunks,
+        matched: Vec::new(),
     };
     let id = |doc: &str| point_id(doc, "1", 0).to_string();
     for (name, power, want) in [("linear", 1.0, ["imp", "plan", "hpi"]), ("fading", 4.0, ["imp", "hpi", "plan"])] {
@@ -2221,4 +2244,84 @@ async fn fading_partial_bm25_matches(mut s: Settings) {
         let got: Vec<String> = store.search(&hybrid).await.unwrap().into_iter().map(|h| h.id).collect();
         assert_eq!(got, want.map(id), "{name}: {want:?}");
     }
+}
+
+/// `serve.match_concepts` at the store: a patient's three chunks — `plan` holds the query's word weakly, `ekg`
+/// holds none of its words, `cxr` names the finding in other words (its `concepts` hold the aligned concept) and is
+/// the farthest by the dense vector. Words alone rank `cxr` last; with the concept matched it counts as a full BM25
+/// match and comes first. Another patient's chunk with the same concept, and with a concept filter of the caller's
+/// the chunks outside it, stay out (the query's filters hold for the matched ranking too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_counts_a_chunk_that_mentions_a_matched_concept_as_a_full_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut s) = settings(dir.path()) else { return };
+    s.store.path = dir.path().join("store").display().to_string();
+    matched_concepts_count_in_hybrid_search(s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_store_counts_a_chunk_that_mentions_a_matched_concept_as_a_full_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = common::qdrant::QdrantServer::start() else { return };
+    let Some(mut s) = server_settings(dir.path(), &server) else { return };
+    s.store.collection = common::qdrant::unique_collection("matched");
+    matched_concepts_count_in_hybrid_search(s).await;
+}
+
+async fn matched_concepts_count_in_hybrid_search(mut s: Settings) {
+    use clinstream::store::{Point, Sparse, point_id};
+    const COMMON: u32 = 1;
+    const OTHER: u32 = 9;
+    const CARDIOMEGALY: &str = "MESH:D006332";
+    s.store.shards = 2;
+    let at = |cos: f32, axis: usize| {
+        let mut v = vec![0.0f32; 8];
+        v[0] = cos;
+        v[axis] = (1.0 - cos * cos).sqrt();
+        v
+    };
+    let point = |doc: &str, patient: &str, dense: Vec<f32>, terms: &[(u32, f32)], concepts: &[&str]| Point {
+        id: point_id(doc, "1", 0),
+        dense,
+        sparse: Sparse { indices: terms.iter().map(|t| t.0).collect(), values: terms.iter().map(|t| t.1).collect() },
+        payload: serde_json::json!({"doc_id": doc, "doc_version": "1", "patient": patient, "record": "chunk",
+                                    "concepts": concepts})
+        .as_object()
+        .unwrap()
+        .clone(),
+    };
+    let mut points: Vec<Point> = (0..8)
+        .map(|i| point(&format!("other-{i}"), "Patient/other", at(0.1, 3 + i % 5), &[(COMMON, 1.0), (OTHER, 1.0)], &[]))
+        .collect();
+    points.push(point("other-cxr", "Patient/other", at(0.9, 4), &[], &[CARDIOMEGALY]));
+    points.extend([
+        point("plan", "Patient/p", at(0.60, 1), &[(COMMON, 0.3)], &["MESH:D003924"]),
+        point("ekg", "Patient/p", at(0.58, 2), &[(OTHER, 1.0)], &[]),
+        point("cxr", "Patient/p", at(0.50, 3), &[(OTHER, 1.0)], &[CARDIOMEGALY]),
+    ]);
+    let store = Store::open(&s.store, 8).await.unwrap();
+    store.upsert(points).await.unwrap();
+    let query = |matched: &[&str]| Query {
+        dense: at(1.0, 5),
+        sparse: Sparse { indices: vec![COMMON], values: vec![1.0] },
+        filters: Filters { patient: Some("Patient/p".into()), ..Default::default() },
+        top: 3,
+        fields: None,
+        record: Record::Chunks,
+        matched: matched.iter().map(|c| c.to_string()).collect(),
+    };
+    let id = |doc: &str| point_id(doc, "1", 0).to_string();
+    let ranked = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<_>>();
+    assert_eq!(ranked(store.search(&query(&[])).await.unwrap()), ["plan", "ekg", "cxr"].map(id), "words only");
+    let got = ranked(store.search(&query(&[CARDIOMEGALY])).await.unwrap());
+    assert_eq!(got, ["cxr", "plan", "ekg"].map(id), "the mention counts as the query's words would");
+    assert!(!got.contains(&id("other-cxr")), "another patient's mention stays out");
+    // The caller's own concept filter holds for the matched ranking too: only `plan` holds its concept.
+    let mut filtered = query(&[CARDIOMEGALY]);
+    filtered.filters.concepts = vec!["MESH:D003924".into()];
+    assert_eq!(ranked(store.search(&filtered).await.unwrap()), [id("plan")], "the filter is kept");
+    // A query none of whose words any point holds still ranks the mentions first (no BM25 mass to scale by).
+    let mut unknown = query(&[CARDIOMEGALY]);
+    unknown.sparse = Sparse { indices: vec![77], values: vec![1.0] };
+    assert_eq!(ranked(store.search(&unknown).await.unwrap())[0], id("cxr"));
 }

@@ -507,11 +507,30 @@ async fn serves_context_and_search(mut s: Settings) {
     let store = api.indexer.store().clone();
     let p1 = Filters { patient: Some("Patient/p1".into()), ..Default::default() };
     let any = api.indexer.embedder().embed(&["findings"]).await.unwrap().remove(0);
-    let ask_store = |record: Record, dense: Vec<f32>, sparse: Sparse, top: usize| {
+    let ask_store = |record: Record, dense: Vec<f32>, sparse: Sparse, top: usize, matched: Vec<String>| {
         let (store, filters) = (store.clone(), p1.clone());
-        async move { store.search(&Query { dense, sparse, filters, top, fields: None, record }).await.unwrap() }
+        let q = Query { dense, sparse, filters, top, fields: None, record, matched };
+        async move { store.search(&q).await.unwrap() }
     };
-    let summaries = ask_store(Record::Summaries, any.clone(), Sparse::default(), 100).await;
+    // The query's vector and the concepts the service matches for it (`serve.match_concepts`): its answer
+    // concepts, aligned as a context's question is (the query embedded with its phrases, as the service does: the
+    // filler chunks tie, and a vector embedded alone differs in the last digit, which can order ties otherwise).
+    let labels =
+        clinstream::query::labels::label_index(&api.pipeline, api.indexer.embedder(), &label_cache()).await.unwrap();
+    let matched_for = |query: &str| {
+        let (embedder, pipeline, labels, query) = (api.indexer.embedder(), &api.pipeline, &labels, query.to_string());
+        async move {
+            use clinstream::query::align;
+            let phrases = align::phrases(&query);
+            let refs: Vec<&str> = phrases.iter().map(String::as_str).collect();
+            let vectors = embedder.embed(&refs).await.unwrap();
+            let (lexicon, variables) = (pipeline.lexicon(), pipeline.variables());
+            let params = align::AlignParams::default();
+            let alignment = align::align(&query, &vectors, lexicon, variables, labels, None, params);
+            (vectors[0].clone(), clinstream::query::reader::matched_concepts(&alignment, lexicon))
+        }
+    };
+    let summaries = ask_store(Record::Summaries, any.clone(), Sparse::default(), 100, Vec::new()).await;
     assert!(!summaries.is_empty(), "p1's notes have a summary tree");
     let text = summaries[0].payload["text"].as_str().unwrap().to_string();
     let (status, v) = api
@@ -523,11 +542,11 @@ async fn serves_context_and_search(mut s: Settings) {
         .await;
     assert_eq!(status, 200, "{v}");
     let hits = v["hits"].as_array().unwrap();
-    let vector = api.indexer.embedder().embed(&[text.as_str()]).await.unwrap().remove(0);
     let sparse = bm25::sparse_query(&bm25::encoder(s.store.bm25_avg_len).unwrap(), &text);
     let ids = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<String>>();
-    let want = ids(ask_store(Record::Tree, vector.clone(), sparse, 20).await);
-    let dense_only = ids(ask_store(Record::Tree, vector, Sparse::default(), 20).await);
+    let (vector, matched) = matched_for(&text).await;
+    let want = ids(ask_store(Record::Tree, vector.clone(), sparse, 20, matched).await);
+    let dense_only = ids(ask_store(Record::Tree, vector, Sparse::default(), 20, Vec::new()).await);
     let got: Vec<String> = hits.iter().map(|h| h["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(got, want);
     assert_ne!(got, dense_only, "the fused ranking differs from the dense one for this query");
@@ -543,6 +562,30 @@ async fn serves_context_and_search(mut s: Settings) {
             )
             .await;
         assert!(v["hits"].as_array().unwrap().iter().all(|h| h["payload"]["record"] == "chunk"), "{strategy}: {v}");
+    }
+    // A query in words no chunk holds, naming the finding by a synonym: the chunks that mention it count as full
+    // BM25 matches — each scores `dense_weight_matched` × its cosine + the rest (the whole BM25 share), so they
+    // come before every chunk that does not mention it, whatever the dense model thinks of the word.
+    let hydrothorax = matched_for("hydrothorax").await.1;
+    assert!(hydrothorax.contains(&"MESH:D010996".to_string()), "{hydrothorax:?}");
+    let search = |strategy: &str| {
+        let body = json!({"query": "hydrothorax", "patient": "p1", "top": 20, "strategy": strategy}).to_string();
+        let api = &api;
+        async move {
+            let (status, v) = api.post("/v1/search", Some(KEY), &body).await;
+            assert_eq!(status, 200, "{v}");
+            v["hits"].as_array().unwrap().clone()
+        }
+    };
+    let (hybrid, dense) = (search("hybrid").await, search("dense").await);
+    let mentions = |h: &Value| h["payload"]["concepts"].as_array().unwrap().iter().any(|c| c == "MESH:D010996");
+    let first_other = hybrid.iter().position(|h| !mentions(h)).unwrap_or(hybrid.len());
+    assert!(first_other > 0 && hybrid[first_other..].iter().all(|h| !mentions(h)), "mentions first: {hybrid:?}");
+    let cosine = |id: &Value| dense.iter().find(|h| h["id"] == *id).unwrap()["score"].as_f64().unwrap();
+    let w = s.store.dense_weight_matched as f64;
+    for h in &hybrid[..first_other] {
+        let want = w * cosine(&h["id"]) + (1.0 - w);
+        assert!((h["score"].as_f64().unwrap() - want).abs() < 1e-4, "{h} against {want}");
     }
     let (status, v) = api.post("/v1/search", Some(KEY), &json!({"query": "x", "strategy": "tree"}).to_string()).await;
     assert_eq!(status, 400, "{v}");
@@ -781,7 +824,7 @@ fn run_then_serve_and_a_worker_serving_while_it_consumes() {
 
 /// While the label index is being built (the first start with a model: a cold `serve.cache_dir`), the service
 /// answers `/v1/context` at once with 503 `not_ready` and `Retry-After` — not after its timeout — and `/v1/search`
-/// (which needs no labels) normally. The build is held at its first progress report, so the request certainly
+/// normally (by the query's words alone until the labels are there for its concept matches). The build is held at its first progress report, so the request certainly
 /// arrives during it, whatever the machine's speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn context_during_the_label_build_is_503_not_ready_at_once() {
@@ -831,7 +874,7 @@ async fn context_during_the_label_build_is_503_not_ready_at_once() {
     })
     .await
     .unwrap();
-    assert_eq!(status, 200, "search needs no label index: {v}");
+    assert_eq!(status, 200, "search does not wait for the label index: {v}");
     assert_eq!(common::http_get(port, "/readyz").unwrap().0, 503, "not ready while building");
     drop(release_tx);
     building.abort();

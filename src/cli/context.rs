@@ -79,6 +79,12 @@ pub fn exec(args: Args) -> anyhow::Result<ExitCode> {
 /// label index (about a minute on two CPU cores; cached afterwards): on a terminal a progress bar says so.
 pub async fn context(settings: &Settings, request: &ContextRequest) -> anyhow::Result<ContextResponse> {
     let reader = reader(settings).await?;
+    prepare(&reader).await?;
+    Ok(reader.context(request).await?)
+}
+
+/// Builds (or loads) the label index, with a progress bar on a terminal while it is built.
+pub(super) async fn prepare(reader: &crate::query::Reader) -> anyhow::Result<()> {
     let bar = label_progress();
     reader
         .prepare_with(&|done, total| {
@@ -91,7 +97,7 @@ pub async fn context(settings: &Settings, request: &ContextRequest) -> anyhow::R
         .await
         .context("building the label index")?;
     bar.finish_and_clear();
-    Ok(reader.context(request).await?)
+    Ok(())
 }
 
 /// A progress bar on stderr when it is a terminal (hidden otherwise, and until the index needs building).

@@ -80,8 +80,14 @@ pub(super) async fn reader(settings: &Settings) -> anyhow::Result<Reader> {
 }
 
 /// Runs one search against the configured store (what `POST /v1/search` answers).
+/// A `hybrid` or `tree` search aligns the query to concepts (`serve.match_concepts`): the first one with a model
+/// builds the label index, as the first `clinstream context` does (with its progress bar).
 pub async fn search(settings: &Settings, request: &SearchRequest) -> anyhow::Result<Vec<Hit>> {
-    let response = reader(settings).await?.search(request).await.context("search failed")?;
+    let reader = reader(settings).await?;
+    if settings.serve.match_concepts && request.strategy != Some(SearchStrategy::Dense) {
+        super::context::prepare(&reader).await?;
+    }
+    let response = reader.search(request).await.context("search failed")?;
     Ok(response.hits.into_iter().map(|h| Hit { id: h.id, score: h.score, payload: h.payload }).collect())
 }
 

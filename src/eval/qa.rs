@@ -174,6 +174,9 @@ pub struct QaRun<'a> {
     pub fusion: crate::store::Fusion,
     /// `bm25`, `hybrid`: the BM25 encoder's average document length (`store.bm25_avg_len`).
     pub bm25_avg_len: f64,
+    /// `hybrid`, `bm25`, `tree+hybrid`: a chunk that mentions an answer concept of the question's alignment counts
+    /// as a full BM25 match (`serve.match_concepts`); a `+concepts` or `-concepts` suffix overrides it.
+    pub match_concepts: bool,
     /// Ask this LLM too.
     pub llm: Option<&'a EvalLlm<'a>>,
     /// CPTF's token-importance model (`clear+cptf`).
@@ -200,6 +203,7 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
         chunker,
         fusion,
         bm25_avg_len,
+        match_concepts,
         llm,
         sample,
         importance,
@@ -329,6 +333,16 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
             }
             context::vote(votes.into_iter(), Rules::of(variable)).status
         };
+        // Concept matches (`hybrid`, `bm25`, `tree+hybrid`): the chunks that mention an answer concept, unless the
+        // alignment names a class too broad for that (`reader::MAX_MATCHED_CONCEPTS`), as `/v1/search` asks.
+        let matchable = !alignment.answer_concepts.is_empty()
+            && alignment.answer_concepts.len() <= crate::query::reader::MAX_MATCHED_CONCEPTS;
+        let mentions_answer = |ch: &Chunk| {
+            docs[ch.doc]
+                .mentions
+                .iter()
+                .any(|m| m.start >= ch.start && m.end <= ch.end && alignment.answer_concepts.contains(&m.concept))
+        };
         let notes: Vec<PatientNote<'_>> = own.iter().map(|&i| PatientNote::from(&docs[i])).collect();
         let question_vector =
             if needs_chunks { Some(embedder.embed(&[&q.question]).await.map_err(embed_err)?) } else { None };
@@ -412,6 +426,8 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     (pieces, c.answer.status)
                 }
                 tree_strategy if tree_strategy.starts_with("tree") => {
+                    let (tree_strategy, matching) = concept_matching(tree_strategy, match_concepts);
+                    let tree_strategy = tree_strategy.as_str();
                     let params = tree_variant(tree_strategy, tree);
                     let key = format!("{tree_strategy}\u{1f}{}", bare(&q.patient));
                     if !trees.contains_key(&key) {
@@ -496,16 +512,22 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                             .filter(|&(_, s)| s > 0.0)
                             .collect();
                         sparse.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                        ranked = crate::store::fuse_by_score(
-                            as_hits(&ranked),
-                            as_hits(&sparse),
-                            fusion,
-                            b.idf_mass(&query),
-                            usize::MAX,
-                        )
-                        .into_iter()
-                        .filter_map(|h| Some((h.id.parse().ok()?, h.score)))
-                        .collect();
+                        // The chunks that mention an answer concept, in the dense order (a summary has no concepts).
+                        let matched: Vec<(usize, f32)> = if matching && matchable {
+                            ranked
+                                .iter()
+                                .copied()
+                                .filter(|&(i, _)| i < own_chunks.len() && mentions_answer(&chunks[own_chunks[i]]))
+                                .collect()
+                        } else {
+                            Vec::new()
+                        };
+                        let (sparse, mass) =
+                            crate::store::with_matches(as_hits(&sparse), as_hits(&matched), b.idf_mass(&query));
+                        ranked = crate::store::fuse_by_score(as_hits(&ranked), sparse, fusion, mass, usize::MAX)
+                            .into_iter()
+                            .filter_map(|h| Some((h.id.parse().ok()?, h.score)))
+                            .collect();
                     }
                     let doc_index = |id: &str| docs.iter().position(|d| d.note.doc_id == id).unwrap_or(usize::MAX);
                     let spans_of = |i: usize| -> Vec<(usize, usize, usize)> {
@@ -587,21 +609,29 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                     };
                     let ids = |r: Vec<(usize, f32)>| r.into_iter().map(|x| x.0).collect::<Vec<_>>();
                     // Dense and BM25 fused by score as the stores fuse them (`store::fuse_by_score`).
+                    // With concept matches, the BM25 candidates and the chunks that mention an answer concept (in
+                    // the dense order), as the stores combine them (`store::with_matches`).
+                    let (other, matching) = concept_matching(other, match_concepts);
+                    let other = other.as_str();
+                    let sparse_hits = || {
+                        let mass = bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question)));
+                        let matched: Vec<(usize, f32)> = if matching && matchable {
+                            dense_scored().into_iter().filter(|&(c, _)| mentions_answer(&chunks[c])).collect()
+                        } else {
+                            Vec::new()
+                        };
+                        crate::store::with_matches(as_hits(&bm25_scored()), as_hits(&matched), mass)
+                    };
                     let fused = |f: crate::store::Fusion| -> Vec<usize> {
-                        crate::store::fuse_by_score(
-                            as_hits(&dense_scored()),
-                            as_hits(&bm25_scored()),
-                            f,
-                            bm25.as_ref().map_or(0.0, |b| b.idf_mass(&b.query(&q.question))),
-                            usize::MAX,
-                        )
-                        .into_iter()
-                        .filter_map(|h| h.id.parse().ok())
-                        .collect()
+                        let (sparse, mass) = sparse_hits();
+                        crate::store::fuse_by_score(as_hits(&dense_scored()), sparse, f, mass, usize::MAX)
+                            .into_iter()
+                            .filter_map(|h| h.id.parse().ok())
+                            .collect()
                     };
                     let ranked = match other {
                         "dense" => ids(dense_scored()),
-                        "bm25" => ids(bm25_scored()),
+                        "bm25" => sparse_hits().0.into_iter().filter_map(|h| h.id.parse().ok()).collect(),
                         "hybrid-rrf" => rrf(&[ids(dense_scored()), ids(bm25_scored())]),
                         // The fused ranking and the dense one taken in turn, fused first (`hybrid+dense[@W[:M]]`).
                         s if s.starts_with("hybrid+dense") => interleave(&[
@@ -1008,6 +1038,16 @@ fn chunk_all(docs: &[Document]) -> Vec<Chunk> {
         }
     }
     out
+}
+
+/// A chunk strategy's name without its `+concepts` or `-concepts` suffix, and whether a chunk that mentions an
+/// answer concept counts as a full BM25 match (`default`: `serve.match_concepts`).
+pub fn concept_matching(strategy: &str, default: bool) -> (String, bool) {
+    match (strategy.strip_suffix("+concepts"), strategy.strip_suffix("-concepts")) {
+        (Some(s), _) => (s.to_string(), true),
+        (_, Some(s)) => (s.to_string(), false),
+        _ => (strategy.to_string(), default),
+    }
 }
 
 /// The fusion of a `hybrid@W` (a fixed dense weight) or `hybrid@W:M` strategy (`store.dense_weight` W and

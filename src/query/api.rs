@@ -274,14 +274,17 @@ pub struct SearchRequest {
 #[serde(rename_all = "snake_case")]
 pub enum SearchStrategy {
     /// The patient's chunks by dense and BM25 scores fused (`store.dense_weight`, `store.dense_weight_matched`).
+    /// With `serve.match_concepts` (the default) the query is aligned to concepts as a context's question is, and a
+    /// chunk that mentions an aligned answer concept counts as a full BM25 match whatever words it uses.
     #[default]
     Hybrid,
     /// The chunks by the dense vector alone.
     Dense,
     /// RAPTOR's collapsed tree: one patient's chunks and summary nodes (`record: "summary"`, with `level`,
     /// `children`, `sentences`) ranked together by the fused score of `hybrid` (a summary's BM25 from its text or
-    /// abstract). Needs `patient`; the summaries exist where the worker runs with `raptor.enabled`. A summary has no
-    /// section, type, concept or date fields, so those filters leave summaries out.
+    /// abstract; concept matches count for the chunks). Needs `patient`; the summaries exist where the worker runs
+    /// with `raptor.enabled`. A summary has no section, type, concept or date fields, so those filters leave
+    /// summaries out.
     Tree,
 }
 

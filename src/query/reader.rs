@@ -252,6 +252,7 @@ impl Reader {
                 top,
                 fields: Some(FILL_FIELDS),
                 record: Record::Chunks,
+                matched: Vec::new(),
             };
             let store = Arc::clone(&self.store);
             tokio::spawn(async move { store.search(&q).await })
@@ -405,13 +406,36 @@ impl Reader {
         strategy: api::SearchStrategy,
     ) -> Result<Vec<store::Hit>, ReadError> {
         filters.sections = sections.to_vec();
-        let dense = self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default();
         let (sparse, record) = match strategy {
             api::SearchStrategy::Hybrid => (bm25::sparse_query(&self.bm25, text), Record::Chunks),
             api::SearchStrategy::Dense => (store::Sparse::default(), Record::Chunks),
             api::SearchStrategy::Tree => (bm25::sparse_query(&self.bm25, text), Record::Tree),
         };
-        let q = Query { dense, sparse, filters, top, fields: None, record };
+        // Concept matches need the label index: until `prepare` has built it (a first start with this model), the
+        // search ranks by the query's words alone rather than wait for it.
+        let labels = self.labels.get().filter(|_| self.settings.match_concepts);
+        let Some(labels) = labels.filter(|_| strategy != api::SearchStrategy::Dense) else {
+            let dense = self.embedder.embed_now(&[text]).await?.pop().unwrap_or_default();
+            let q = Query { dense, sparse, filters, top, fields: None, record, matched: Vec::new() };
+            return Ok(self.store.search(&q).await?);
+        };
+        // The query aligned as a question is (its phrases embedded with it: the first vector is the query's own),
+        // its answer concepts matched by the chunks that mention them.
+        let phrases = align::phrases(text);
+        let refs: Vec<&str> = phrases.iter().map(String::as_str).collect();
+        let vectors = self.embedder.embed_now(&refs).await?;
+        let lexicon = self.pipeline.lexicon();
+        let alignment =
+            align::align(text, &vectors, lexicon, self.pipeline.variables(), labels, None, AlignParams::default());
+        let q = Query {
+            dense: vectors.into_iter().next().unwrap_or_default(),
+            sparse,
+            filters,
+            top,
+            fields: None,
+            record,
+            matched: matched_concepts(&alignment, lexicon),
+        };
         Ok(self.store.search(&q).await?)
     }
 
@@ -440,6 +464,21 @@ impl Reader {
             until: day("until", until)?,
         })
     }
+}
+
+/// At most this many answer concepts are matched by mention (a query that names a broad class, "disease" with its
+/// descendants, names no finding a mention could stand for: its words alone rank it).
+pub const MAX_MATCHED_CONCEPTS: usize = 256;
+
+/// The concept ids whose mentions count as a full lexical match for a query aligned as `alignment`: its answer
+/// concepts, none when there are more than [`MAX_MATCHED_CONCEPTS`].
+pub fn matched_concepts(alignment: &align::Alignment, lexicon: &crate::lexicon::Lexicon) -> Vec<String> {
+    if alignment.answer_concepts.len() > MAX_MATCHED_CONCEPTS {
+        return Vec::new();
+    }
+    let mut ids: Vec<String> = alignment.answer_concepts.iter().map(|&c| lexicon.concept(c).id.clone()).collect();
+    ids.sort();
+    ids
 }
 
 /// The limits a request is held to, in one place: the checks above use them, and the OpenAPI document states them

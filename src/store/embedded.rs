@@ -181,7 +181,7 @@ fn ensure_indexes(shard: &EdgeShard, s: &StoreSettings) -> Result<(), StoreError
 }
 
 fn filter_of(f: &Filters, record: Record) -> Result<Filter, StoreError> {
-    serde_json::from_value(f.to_json(record)).map_err(|e| StoreError::fatal(format!("filter: {e}")))
+    parse_filter(f.to_json(record))
 }
 
 fn id_string(id: PointId) -> String {
@@ -614,20 +614,41 @@ impl EmbeddedStore {
             request.with_payload = with_payload.clone();
             request
         };
-        if q.sparse.indices.is_empty() {
+        if q.sparse.indices.is_empty() && q.matched.is_empty() {
             // Dense only: one ranking, no fusion.
-            return Ok(merge_by_score(self.query_all(ranked(dense, q.top)).await?, q.top));
+            return Ok(merge_by_score(self.query_all(ranked(dense.clone(), q.top)).await?, q.top));
         }
         // Hybrid: each vector's candidates ranked across every shard, then fused by score (`fuse_by_score`), as
-        // the server store fuses them.
-        let (dense_hits, sparse_hits, mass) = tokio::join!(
-            self.query_all(ranked(dense, candidates)),
-            self.query_all(ranked(sparse, candidates)),
+        // the server store fuses them; the chunks that mention a matched concept, ranked by the dense vector, count
+        // as full BM25 matches (`with_matches`).
+        let matched = async {
+            if q.matched.is_empty() {
+                return Ok(Vec::new());
+            }
+            // The query's filters (a concept filter of the caller's included) and a mention of a matched concept.
+            let mut f = q.filters.to_json(q.record);
+            if let Some(must) = f.get_mut("must").and_then(|m| m.as_array_mut()) {
+                must.push(serde_json::json!({"key": "concepts", "match": {"any": q.matched}}));
+            }
+            let mut request = ranked(dense.clone(), candidates);
+            request.filter = Some(parse_filter(f)?);
+            Ok::<_, StoreError>(merge_by_score(self.query_all(request).await?, candidates))
+        };
+        let searched = async {
+            if q.sparse.indices.is_empty() {
+                return Ok(Vec::new());
+            }
+            Ok(merge_by_score(self.query_all(ranked(sparse, candidates)).await?, candidates))
+        };
+        let (dense_hits, sparse_hits, matched, mass) = tokio::join!(
+            self.query_all(ranked(dense.clone(), candidates)),
+            searched,
+            matched,
             self.idf_mass(&q.sparse)
         );
         let dense_hits = merge_by_score(dense_hits?, candidates);
-        let sparse_hits = merge_by_score(sparse_hits?, candidates);
-        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.fusion, mass?, q.top))
+        let (sparse_hits, mass) = super::with_matches(sparse_hits?, matched?, mass?);
+        Ok(super::fuse_by_score(dense_hits, sparse_hits, self.fusion, mass, q.top))
     }
 
     /// `Store::idf_mass`: per term, the best point holding it in each shard (no filter, no payload, its sparse

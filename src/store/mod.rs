@@ -204,6 +204,10 @@ pub struct Query {
     pub fields: Option<&'static [&'static str]>,
     /// Chunks (the default) or the collapsed tree (chunks and summaries).
     pub record: Record,
+    /// Concept ids whose mentions count as a full lexical match (the query's aligned answer concepts,
+    /// `serve.match_concepts`): a hybrid query also ranks, by the dense vector, the chunks that mention one of them,
+    /// and each such chunk counts with a whole BM25 share ([`with_matches`]) whatever words it uses. Empty: none.
+    pub matched: Vec<String>,
 }
 
 /// How a dense-only nearest-neighbour search runs (`ServerStore::nearest`).
@@ -588,6 +592,26 @@ pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, fusion: Fusion, idf_mass
         .collect()
 }
 
+/// The BM25 candidates with the chunks that mention a matched concept (`matched`, from a search filtered to those
+/// concepts) counted as full lexical matches: each scores at least the query's IDF mass, so [`fuse_by_score`]
+/// gives it a share of 1, as if it held every query term. Returns the candidates, best first, and the mass to
+/// scale by (1 when the query's own terms are in no point, so that matches still count).
+pub fn with_matches(mut sparse: Vec<Hit>, matched: Vec<Hit>, idf_mass: f32) -> (Vec<Hit>, f32) {
+    if matched.is_empty() {
+        return (sparse, idf_mass);
+    }
+    let mass = if idf_mass > 0.0 { idf_mass } else { 1.0 };
+    for m in matched {
+        match sparse.iter_mut().find(|h| h.id == m.id) {
+            Some(h) => h.score = h.score.max(mass),
+            None => sparse.push(Hit { score: mass, ..m }),
+        }
+    }
+    // Stable: matches keep the dense order among themselves, after any candidate that scores above the mass.
+    sparse.sort_by(|a, b| b.score.total_cmp(&a.score));
+    (sparse, mass)
+}
+
 /// A query term's IDF as the store weighs it, from the best point holding it: that point's score for the term
 /// alone is `idf × query weight × document weight` (Qdrant's IDF modifier), so `idf = score / (q × d)`; 0 when no
 /// point holds the term.
@@ -641,6 +665,31 @@ mod tests {
         assert_eq!(ids(fuse_by_score(dense, sparse, Fusion::fixed(0.5), 0.0, 3)), ["a", "b", "c"].map(String::from));
         assert_eq!(idf_of(6.0, 1.0, 2.0), 3.0);
         assert_eq!(idf_of(6.0, 1.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn a_chunk_that_mentions_a_matched_concept_counts_as_a_full_bm25_match() {
+        let ids = |v: &[Hit]| v.iter().map(|h| h.id.clone()).collect::<Vec<_>>();
+        // "Is the heart enlarged?": BM25 finds the notes that repeat "heart"; the evidence says "cardiomegaly".
+        let dense = vec![hit("plan", 0.62), hit("ekg", 0.60), hit("cxr", 0.58)];
+        let sparse = vec![hit("plan", 3.0), hit("ekg", 2.5)];
+        let matched = vec![hit("cxr", 0.58), hit("ekg", 0.60)];
+        let f = Fusion::fixed(0.5);
+        // Words only: the chunk that names the finding otherwise comes last.
+        assert_eq!(ids(&fuse_by_score(dense.clone(), sparse.clone(), f, 4.0, 3)), ["plan", "ekg", "cxr"]);
+        let (with, mass) = with_matches(sparse.clone(), matched.clone(), 4.0);
+        assert_eq!(mass, 4.0);
+        // Each match scores the whole mass (a candidate already above it keeps its own); the rest stay as they were.
+        let scores: Vec<(String, f32)> = with.iter().map(|h| (h.id.clone(), h.score)).collect();
+        assert_eq!(scores, [("ekg".into(), 4.0), ("cxr".into(), 4.0), ("plan".into(), 3.0)]);
+        assert_eq!(ids(&fuse_by_score(dense.clone(), with, f, mass, 3)), ["ekg", "cxr", "plan"]);
+        // A query whose words are in no point: the matches still count (mass 1), ranked by their dense scores.
+        let (with, mass) = with_matches(Vec::new(), matched.clone(), 0.0);
+        assert_eq!(mass, 1.0);
+        assert_eq!(ids(&fuse_by_score(dense.clone(), with, f, mass, 3)), ["ekg", "cxr", "plan"]);
+        // No matches: unchanged, the mass too (0 stays 0: no BM25 share at all).
+        let (with, mass) = with_matches(sparse.clone(), Vec::new(), 0.0);
+        assert_eq!((ids(&with), mass), (ids(&sparse), 0.0));
     }
 
     #[test]

@@ -366,7 +366,7 @@ impl ServerStore {
             None => SelectorOptions::from(true),
             Some(fields) => included(fields),
         };
-        if q.sparse.indices.is_empty() {
+        if q.sparse.indices.is_empty() && q.matched.is_empty() {
             // Dense only: one ranking, no fusion.
             let mut request = QueryPointsBuilder::new(&self.collection)
                 .query(QQuery::new_nearest(q.dense.clone()))
@@ -399,15 +399,34 @@ impl ServerStore {
             .using(SPARSE)
             .limit(candidates)
             .with_payload(payload);
+        // The chunks that mention a matched concept, ranked by the dense vector: full BM25 matches (`with_matches`).
+        let mut matched = dense.clone();
+        if !q.matched.is_empty() {
+            // The query's filters (a concept filter of the caller's included) and a mention of a matched concept.
+            let mut f = filter_of(&q.filters, q.record);
+            f.must.push(Condition::matches("concepts", q.matched.clone()));
+            matched = matched.filter(f);
+        }
         if let Some(f) = filter {
             dense = dense.filter(f.clone());
             sparse = sparse.filter(f);
         }
-        let (dense, sparse, mass) =
-            tokio::join!(self.client.query(dense), self.client.query(sparse), self.idf_mass(&q.sparse));
-        let dense = dense.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
-        let sparse = sparse.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect();
-        Ok(super::fuse_by_score(dense, sparse, self.fusion, mass?, q.top))
+        let ask = |request: Option<QueryPointsBuilder>| async move {
+            match request {
+                None => Ok(Vec::new()),
+                Some(r) => Ok::<Vec<Hit>, StoreError>(
+                    self.client.query(r).await.map_err(|e| classify("query", e))?.result.into_iter().map(hit).collect(),
+                ),
+            }
+        };
+        let (dense, sparse, matched, mass) = tokio::join!(
+            ask(Some(dense)),
+            ask((!q.sparse.indices.is_empty()).then_some(sparse)),
+            ask((!q.matched.is_empty()).then_some(matched)),
+            self.idf_mass(&q.sparse)
+        );
+        let (sparse, mass) = super::with_matches(sparse?, matched?, mass?);
+        Ok(super::fuse_by_score(dense?, sparse, self.fusion, mass, q.top))
     }
 
     /// `Store::idf_mass`: per term (asked at once), the best point holding it (no filter, no payload, its sparse

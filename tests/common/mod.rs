@@ -42,6 +42,10 @@ fn clean(mut cmd: Command) -> Command {
         }
     }
     cmd.env("CLINSTREAM__LOG__FORMAT", "json").env("CLINSTREAM__METRICS__ADDR", "127.0.0.1:0");
+    // The concept-label vectors (`clinstream search`, `clinstream context`) are built once per model and shared by
+    // every test process, as the services' tests share them, rather than under the working directory; keyed by the
+    // model's and lexicon's checksums, so models never share them. A test that wants a cold cache sets its own.
+    cmd.env("CLINSTREAM__SERVE__CACHE_DIR", std::env::temp_dir().join("clinstream-test-label-cache"));
     cmd
 }
 

@@ -65,7 +65,9 @@ pub enum EvalCommand {
         /// with `store.dense_weight` and `store.dense_weight_matched`; `hybrid@0.6` with one fixed weight,
         /// `hybrid@0.9:0.6` with those two, `hybrid@0.9:0.6^4/0.6` also with `store.bm25_partial_power` 4 and
         /// `store.bm25_full_share` 0.6; without `^` every BM25 share counts linearly), hybrid-rrf (fused by
-        /// reciprocal rank), hybrid+dense (the fused and the dense ranking taken in turn, fused first;
+        /// reciprocal rank; `bm25`, `hybrid` and `tree+hybrid` count a chunk that mentions the question's answer
+        /// concept as a full BM25 match when `serve.match_concepts` is on, as `/v1/search` does, and a `+concepts`
+        /// or `-concepts` suffix turns that on or off), hybrid+dense (the fused and the dense ranking taken in turn, fused first;
         /// `hybrid+dense@W[:M]` as hybrid@), tree (RAPTOR's collapsed tree over the same chunks, built under
         /// `raptor.*`; `tree+hybrid` ranked by the fused score of hybrid; `tree:128` with summaries of 128 tokens;
         /// `tree@mean` with summaries retrieved by their members' mean vector; `tree+cptf`, `tree+cptf@0.7` with summaries CPTF-compressed to that share of their
@@ -236,6 +238,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
         } => {
             let (settings, pipeline) = pipeline(config.as_deref())?;
             for s in &strategy {
+                let s = &clinstream::eval::qa::concept_matching(s, true).0;
                 anyhow::ensure!(
                     [
                         "clear",
@@ -341,6 +344,7 @@ pub fn exec(command: EvalCommand) -> anyhow::Result<ExitCode> {
                     chunker: chunker.as_ref(),
                     fusion: clinstream::store::Fusion::of(&settings.store),
                     bm25_avg_len: settings.store.bm25_avg_len,
+                    match_concepts: settings.serve.match_concepts,
                     llm: eval_llm.as_ref(),
                     sample: sample as usize,
                     importance: importance.as_ref(),
