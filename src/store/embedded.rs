@@ -616,7 +616,7 @@ impl EmbeddedStore {
         };
         if q.sparse.indices.is_empty() && q.matched.is_empty() {
             // Dense only: one ranking, no fusion.
-            return Ok(merge_by_score(self.query_all(ranked(dense.clone(), q.top)).await?, q.top));
+            return Ok(merge_by_score(self.query_all(ranked(dense, q.top)).await?, q.top));
         }
         // Hybrid: each vector's candidates ranked across every shard, then fused by score (`fuse_by_score`), as
         // the server store fuses them; the chunks that mention a matched concept, ranked by the dense vector, count

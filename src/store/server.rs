@@ -400,13 +400,12 @@ impl ServerStore {
             .limit(candidates)
             .with_payload(payload);
         // The chunks that mention a matched concept, ranked by the dense vector: full BM25 matches (`with_matches`).
-        let mut matched = dense.clone();
-        if !q.matched.is_empty() {
-            // The query's filters (a concept filter of the caller's included) and a mention of a matched concept.
+        // The query's filters (a concept filter of the caller's included) and a mention of a matched concept.
+        let matched = (!q.matched.is_empty()).then(|| {
             let mut f = filter_of(&q.filters, q.record);
             f.must.push(Condition::matches("concepts", q.matched.clone()));
-            matched = matched.filter(f);
-        }
+            dense.clone().filter(f)
+        });
         if let Some(f) = filter {
             dense = dense.filter(f.clone());
             sparse = sparse.filter(f);
@@ -422,7 +421,7 @@ impl ServerStore {
         let (dense, sparse, matched, mass) = tokio::join!(
             ask(Some(dense)),
             ask((!q.sparse.indices.is_empty()).then_some(sparse)),
-            ask((!q.matched.is_empty()).then_some(matched)),
+            ask(matched),
             self.idf_mass(&q.sparse)
         );
         let (sparse, mass) = super::with_matches(sparse?, matched?, mass?);
