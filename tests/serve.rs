@@ -568,8 +568,8 @@ async fn serves_context_and_search(mut s: Settings) {
     // come before every chunk that does not mention it, whatever the dense model thinks of the word.
     let hydrothorax = matched_for("hydrothorax").await.1;
     assert!(hydrothorax.contains(&"MESH:D010996".to_string()), "{hydrothorax:?}");
-    let search = |strategy: &str| {
-        let body = json!({"query": "hydrothorax", "patient": "p1", "top": 20, "strategy": strategy}).to_string();
+    let search_for = |query: &str, strategy: &str| {
+        let body = json!({"query": query, "patient": "p1", "top": 20, "strategy": strategy}).to_string();
         let api = &api;
         async move {
             let (status, v) = api.post("/v1/search", Some(KEY), &body).await;
@@ -577,6 +577,7 @@ async fn serves_context_and_search(mut s: Settings) {
             v["hits"].as_array().unwrap().clone()
         }
     };
+    let search = |strategy: &str| search_for("hydrothorax", strategy);
     let (hybrid, dense) = (search("hybrid").await, search("dense").await);
     let mentions = |h: &Value| h["payload"]["concepts"].as_array().unwrap().iter().any(|c| c == "MESH:D010996");
     let first_other = hybrid.iter().position(|h| !mentions(h)).unwrap_or(hybrid.len());
@@ -586,6 +587,24 @@ async fn serves_context_and_search(mut s: Settings) {
     for h in &hybrid[..first_other] {
         let want = w * cosine(&h["id"]) + (1.0 - w);
         assert!((h["score"].as_f64().unwrap() - want).abs() < 1e-4, "{h} against {want}");
+        // Each says how it was found: the concept match, no word of the query, its cosine.
+        let found = &h["found"];
+        assert_eq!((found["concept"].as_bool(), found.get("words")), (Some(true), None), "{h}");
+        assert!((found["dense"].as_f64().unwrap() - cosine(&h["id"])).abs() < 1e-4, "{h}");
+    }
+    assert!(hybrid[first_other..].iter().all(|h| h["found"].get("concept").is_none()), "{hybrid:?}");
+    // A dense search's hits: their cosine, no other ranking.
+    for h in &dense {
+        assert_eq!(h["found"], json!({"dense": h["score"]}), "{h}");
+    }
+    // Found by a query's words: their BM25 score over the query's IDF mass, above 0 only for a chunk holding it.
+    let effusion = search_for("effusion", "hybrid").await;
+    let by_words: Vec<&Value> = effusion.iter().filter(|h| h["found"].get("words").is_some()).collect();
+    assert!(!by_words.is_empty(), "{effusion:?}");
+    for h in by_words {
+        let share = h["found"]["words"].as_f64().unwrap();
+        let holds = h["payload"]["text"].as_str().unwrap().to_lowercase().contains("effusion");
+        assert!(holds && share > 0.0, "{h}");
     }
     let (status, v) = api.post("/v1/search", Some(KEY), &json!({"query": "x", "strategy": "tree"}).to_string()).await;
     assert_eq!(status, 400, "{v}");

@@ -172,8 +172,16 @@ pub fn render_context(r: &ContextResponse, json: bool) -> String {
         );
     }
     if !r.chunks.is_empty() {
-        let hits: Vec<Hit> =
-            r.chunks.iter().map(|h| Hit { id: h.id.clone(), score: h.score, payload: h.payload.clone() }).collect();
+        let hits: Vec<Hit> = r
+            .chunks
+            .iter()
+            .map(|h| Hit {
+                id: h.id.clone(),
+                score: h.score,
+                payload: h.payload.clone(),
+                found: h.found.unwrap_or_default(),
+            })
+            .collect();
         out.push_str(if r.strategy == Strategy::Clear {
             "\nchunks nearest the question, in what the windows left of the budget:\n"
         } else {

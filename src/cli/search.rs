@@ -88,7 +88,26 @@ pub async fn search(settings: &Settings, request: &SearchRequest) -> anyhow::Res
         super::context::prepare(&reader).await?;
     }
     let response = reader.search(request).await.context("search failed")?;
-    Ok(response.hits.into_iter().map(|h| Hit { id: h.id, score: h.score, payload: h.payload }).collect())
+    Ok(response
+        .hits
+        .into_iter()
+        .map(|h| Hit { id: h.id, score: h.score, payload: h.payload, found: h.found.unwrap_or_default() })
+        .collect())
+}
+
+/// The rankings that returned a hit, as ` (dense 0.712, words 0.80, concept)`; empty when none is known.
+fn found(f: &crate::store::Found) -> String {
+    let mut parts = Vec::new();
+    if let Some(d) = f.dense {
+        parts.push(format!("dense {d:.3}"));
+    }
+    if let Some(w) = f.words {
+        parts.push(format!("words {w:.2}"));
+    }
+    if f.concept {
+        parts.push("concept".to_string());
+    }
+    if parts.is_empty() { String::new() } else { format!(" ({})", parts.join(", ")) }
 }
 
 /// Text: one block per hit (rank, score, document, section, a snippet); JSON: one line per hit with its payload.
@@ -96,7 +115,10 @@ pub fn render(hits: &[Hit], json: bool) -> String {
     let mut out = String::new();
     if json {
         for h in hits {
-            let line = serde_json::json!({"id": h.id, "score": h.score, "payload": h.payload});
+            let mut line = serde_json::json!({"id": h.id, "score": h.score, "payload": h.payload});
+            if !h.found.is_empty() {
+                line["found"] = serde_json::json!(h.found);
+            }
             let _ = writeln!(out, "{line}");
         }
         return out;
@@ -114,9 +136,10 @@ pub fn render(hits: &[Hit], json: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>2}. {:.4}  doc {}  v{}  section {}  chunk {}  patient {}\n    {}",
+            "{:>2}. {:.4}{}  doc {}  v{}  section {}  chunk {}  patient {}\n    {}",
             rank + 1,
             h.score,
+            found(&h.found),
             match h.payload.get("level") {
                 // A summary quotes several notes.
                 Some(level) => format!(

@@ -1076,7 +1076,12 @@ pub fn parse_fusion(spec: &str) -> Option<crate::store::Fusion> {
 fn as_hits(ranked: &[(usize, f32)]) -> Vec<crate::store::Hit> {
     ranked
         .iter()
-        .map(|&(i, score)| crate::store::Hit { id: i.to_string(), score, payload: Default::default() })
+        .map(|&(i, score)| crate::store::Hit {
+            id: i.to_string(),
+            score,
+            payload: Default::default(),
+            found: Default::default(),
+        })
         .collect()
 }
 

@@ -126,11 +126,15 @@ pub struct Hit {
     /// In a context: the path that produced it (`dense`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<crate::query::context::Path>,
+    /// Which rankings of the search returned it, each with its own score (absent for a neighbour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found: Option<store::Found>,
 }
 
 impl From<store::Hit> for Hit {
     fn from(h: store::Hit) -> Self {
-        Hit { id: h.id, score: h.score, payload: h.payload, previous: None, next: None, path: None }
+        let found = (!h.found.is_empty()).then_some(h.found);
+        Hit { id: h.id, score: h.score, payload: h.payload, previous: None, next: None, path: None, found }
     }
 }
 

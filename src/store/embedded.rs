@@ -616,7 +616,7 @@ impl EmbeddedStore {
         };
         if q.sparse.indices.is_empty() && q.matched.is_empty() {
             // Dense only: one ranking, no fusion.
-            return Ok(merge_by_score(self.query_all(ranked(dense, q.top)).await?, q.top));
+            return Ok(super::found_by_dense(merge_by_score(self.query_all(ranked(dense, q.top)).await?, q.top)));
         }
         // Hybrid: each vector's candidates ranked across every shard, then fused by score (`fuse_by_score`), as
         // the server store fuses them; the chunks that mention a matched concept, ranked by the dense vector, count
@@ -693,6 +693,7 @@ impl EmbeddedStore {
                         id: id_string(p.id),
                         score: p.score,
                         payload: p.payload.map(|Payload(m)| m).unwrap_or_default(),
+                        found: Default::default(),
                     })
                     .collect::<Vec<_>>())
             })
@@ -814,6 +815,7 @@ impl EmbeddedStore {
                 id: id_string(r.id),
                 score: 0.0,
                 payload: r.payload.map(|Payload(m)| m).unwrap_or_default(),
+                found: Default::default(),
             })
             .collect())
     }
@@ -847,7 +849,7 @@ mod tests {
     use super::*;
 
     fn hit(id: &str, score: f32) -> Hit {
-        Hit { id: id.into(), score, payload: Default::default() }
+        Hit { id: id.into(), score, payload: Default::default(), found: Default::default() }
     }
 
     #[test]

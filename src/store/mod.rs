@@ -227,6 +227,38 @@ pub struct Hit {
     pub id: String,
     pub score: f32,
     pub payload: Map<String, Value>,
+    /// Which rankings of a search returned it (empty for a point read by id or filter).
+    pub found: Found,
+}
+
+/// Which rankings of a search returned a hit, each with its own score: what the fused score is made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct Found {
+    /// The dense ranking returned it: the cosine of the query's and the chunk's vectors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dense: Option<f32>,
+    /// The BM25 ranking returned it: its BM25 score over the query's IDF mass (1 = every word of the query, each
+    /// weighed by its rarity, before the fusion's fading).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub words: Option<f32>,
+    /// It mentions a concept the query was aligned to (`serve.match_concepts`), so it counted as a full BM25
+    /// match whatever its words.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub concept: bool,
+}
+
+impl Found {
+    pub fn is_empty(&self) -> bool {
+        *self == Found::default()
+    }
+}
+
+/// The hits of a dense-only search, each marked as found by the dense ranking with its cosine.
+pub(crate) fn found_by_dense(mut hits: Vec<Hit>) -> Vec<Hit> {
+    for h in &mut hits {
+        h.found.dense = Some(h.score);
+    }
+    hits
 }
 
 /// A stored chunk with its dense vector (`Store::leaves`).
@@ -560,15 +592,21 @@ pub fn fuse_by_score(dense: Vec<Hit>, sparse: Vec<Hit>, fusion: Fusion, idf_mass
     // (hit, fused score, dense rank, sparse rank)
     let mut fused: Vec<(Hit, f32, usize, usize)> = Vec::with_capacity(dense.len() + sparse.len());
     let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (rank, (h, s)) in dense.into_iter().zip(ds).enumerate() {
+    for (rank, (mut h, s)) in dense.into_iter().zip(ds).enumerate() {
+        h.found.dense = Some(h.score);
         at.insert(h.id.clone(), fused.len());
         fused.push((h, w * s, rank, usize::MAX));
     }
-    for (rank, (h, s)) in sparse.into_iter().zip(ss).enumerate() {
+    for (rank, (mut h, s)) in sparse.into_iter().zip(ss).enumerate() {
+        // A concept match's own BM25 score was kept by `with_matches` (none when its words did not match).
+        let words = if h.found.concept { h.found.words } else { Some(h.score) };
+        h.found.words = words.map(|raw| raw * scale);
         match at.get(&h.id) {
             Some(&i) => {
                 fused[i].1 += (1.0 - w) * s;
                 fused[i].3 = rank;
+                fused[i].0.found.words = h.found.words;
+                fused[i].0.found.concept = h.found.concept;
             }
             None => {
                 at.insert(h.id.clone(), fused.len());
@@ -603,8 +641,11 @@ pub fn with_matches(mut sparse: Vec<Hit>, matched: Vec<Hit>, idf_mass: f32) -> (
     let mass = if idf_mass > 0.0 { idf_mass } else { 1.0 };
     for m in matched {
         match sparse.iter_mut().find(|h| h.id == m.id) {
-            Some(h) => h.score = h.score.max(mass),
-            None => sparse.push(Hit { score: mass, ..m }),
+            Some(h) => {
+                h.found = Found { words: Some(h.score), concept: true, ..h.found };
+                h.score = h.score.max(mass);
+            }
+            None => sparse.push(Hit { score: mass, found: Found { words: None, concept: true, ..m.found }, ..m }),
         }
     }
     // Stable: matches keep the dense order among themselves, after any candidate that scores above the mass.
@@ -625,7 +666,7 @@ mod tests {
     use serde_json::json;
 
     fn hit(id: &str, score: f32) -> Hit {
-        Hit { id: id.into(), score, payload: Default::default() }
+        Hit { id: id.into(), score, payload: Default::default(), found: Found::default() }
     }
 
     #[test]
@@ -682,11 +723,34 @@ mod tests {
         // Each match scores the whole mass (a candidate already above it keeps its own); the rest stay as they were.
         let scores: Vec<(String, f32)> = with.iter().map(|h| (h.id.clone(), h.score)).collect();
         assert_eq!(scores, [("ekg".into(), 4.0), ("cxr".into(), 4.0), ("plan".into(), 3.0)]);
-        assert_eq!(ids(&fuse_by_score(dense.clone(), with, f, mass, 3)), ["ekg", "cxr", "plan"]);
+        let fused = fuse_by_score(dense.clone(), with, f, mass, 3);
+        assert_eq!(ids(&fused), ["ekg", "cxr", "plan"]);
+        // Each hit says which rankings returned it: its cosine, its BM25 share of the mass, a concept match.
+        let found: Vec<(&str, Found)> = fused.iter().map(|h| (h.id.as_str(), h.found)).collect();
+        assert_eq!(
+            found,
+            [
+                ("ekg", Found { dense: Some(0.60), words: Some(2.5 / 4.0), concept: true }),
+                ("cxr", Found { dense: Some(0.58), words: None, concept: true }),
+                ("plan", Found { dense: Some(0.62), words: Some(3.0 / 4.0), concept: false }),
+            ]
+        );
+        // Found by BM25 alone, or by the dense vector alone.
+        let fused = fuse_by_score(vec![hit("a", 0.5)], vec![hit("b", 2.0)], f, 4.0, 2);
+        let found: Vec<(&str, Found)> = fused.iter().map(|h| (h.id.as_str(), h.found)).collect();
+        assert_eq!(
+            found,
+            [
+                ("a", Found { dense: Some(0.5), ..Found::default() }),
+                ("b", Found { words: Some(0.5), ..Found::default() })
+            ]
+        );
         // A query whose words are in no point: the matches still count (mass 1), ranked by their dense scores.
         let (with, mass) = with_matches(Vec::new(), matched.clone(), 0.0);
         assert_eq!(mass, 1.0);
-        assert_eq!(ids(&fuse_by_score(dense.clone(), with, f, mass, 3)), ["ekg", "cxr", "plan"]);
+        let fused = fuse_by_score(dense.clone(), with, f, mass, 3);
+        assert_eq!(ids(&fused), ["ekg", "cxr", "plan"]);
+        assert!(fused.iter().all(|h| h.found.words.is_none()), "no word of the query matched: {fused:?}");
         // No matches: unchanged, the mass too (0 stays 0: no BM25 share at all).
         let (with, mass) = with_matches(sparse.clone(), Vec::new(), 0.0);
         assert_eq!((ids(&with), mass), (ids(&sparse), 0.0));

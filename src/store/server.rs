@@ -89,6 +89,7 @@ fn hit(p: qdrant_client::qdrant::ScoredPoint) -> Hit {
         id: id_string(p.id),
         score: p.score,
         payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
+        found: Default::default(),
     }
 }
 
@@ -380,7 +381,7 @@ impl ServerStore {
                 request = request.filter(f);
             }
             let found = self.client.query(request).await.map_err(|e| classify("query", e))?;
-            return Ok(found.result.into_iter().map(hit).collect());
+            return Ok(super::found_by_dense(found.result.into_iter().map(hit).collect()));
         }
         // Hybrid: the dense and the BM25 candidates, asked together, fused here by score (`fuse_by_score`), as
         // the embedded store fuses them.
@@ -625,6 +626,7 @@ impl ServerStore {
                 id: id_string(p.id),
                 score: 0.0,
                 payload: p.payload.into_iter().map(|(k, v)| (k, v.into_json())).collect(),
+                found: Default::default(),
             })
             .collect();
         hits.sort_by_key(|h| ids.iter().position(|i| *i == h.id));
