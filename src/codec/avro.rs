@@ -5,12 +5,19 @@
 //!   little-endian, then the datum. Self-describing: a consumer holding the `.avsc` files recognises the schema.
 //! * set — Confluent wire format: `00`, the registry's schema id (big-endian u32), then the datum.
 //!
-//! Records are built as `apache_avro::types::Value` by hand, field by field, so the schema (not serde's
-//! integer mapping) decides the Avro types, and a schema change that the code does not follow fails the
-//! round-trip tests instead of producing silently different bytes.
+//! Records are serialised straight from borrowed serde structs by the schema-aware serializer
+//! (`GenericDatumWriter::write_ser`): the schema (not serde's integer mapping) decides the Avro types — a field whose
+//! type does not fit its schema is an error, not different bytes — and no intermediate `Value` tree is built, resolved
+//! and validated per record (that tree, with a hash map per record, was most of a Kafka worker's output cost). Each
+//! schema is parsed and its names resolved once per process. A schema change that the code does not follow fails the
+//! round-trip tests.
+
+use std::sync::{Mutex, OnceLock};
 
 use apache_avro::Schema;
 use apache_avro::types::Value;
+use apache_avro::writer::datum::GenericDatumWriter;
+use serde::Serialize;
 
 use crate::WORKER_VERSION;
 use crate::model::{DeadLetter, Document, VariableResult, Window};
@@ -37,20 +44,39 @@ pub enum Framing {
     Confluent(u32),
 }
 
-/// One schema with its frame header.
-#[derive(Debug, Clone)]
+/// A compiled-in schema, parsed once and kept for the process's life (there are three; `Encoder`s are made per
+/// run and per client rebuild, and borrow it).
+fn parsed(schema_json: &'static str) -> Result<&'static Schema, apache_avro::Error> {
+    static PARSED: OnceLock<Mutex<Vec<(&'static str, &'static Schema)>>> = OnceLock::new();
+    let mut parsed = PARSED.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, schema)) = parsed.iter().find(|(json, _)| *json == schema_json) {
+        return Ok(schema);
+    }
+    let schema: &'static Schema = Box::leak(Box::new(Schema::parse_str(schema_json)?));
+    parsed.push((schema_json, schema));
+    Ok(schema)
+}
+
+/// One schema with its frame header and its writer (names resolved once).
 pub struct Encoder {
-    schema: Schema,
+    schema: &'static Schema,
+    writer: GenericDatumWriter<'static>,
     header: Vec<u8>,
 }
 
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder").field("schema", &self.schema.name()).field("header", &self.header).finish()
+    }
+}
+
 impl Encoder {
-    pub fn new(schema_json: &str, framing: Framing) -> Result<Self, apache_avro::Error> {
-        let schema = Schema::parse_str(schema_json)?;
+    pub fn new(schema_json: &'static str, framing: Framing) -> Result<Self, apache_avro::Error> {
+        let schema = parsed(schema_json)?;
         let header = match framing {
             Framing::SingleObject => {
                 use apache_avro::headers::{HeaderBuilder, RabinFingerprintHeader};
-                RabinFingerprintHeader::from_schema(&schema).build_header()
+                RabinFingerprintHeader::from_schema(schema).build_header()
             }
             Framing::Confluent(id) => {
                 let mut h = vec![0x00];
@@ -58,25 +84,23 @@ impl Encoder {
                 h
             }
         };
-        Ok(Self { schema, header })
+        let writer = GenericDatumWriter::builder(schema).human_readable(false).build()?;
+        Ok(Self { schema, writer, header })
     }
 
     pub fn schema(&self) -> &Schema {
-        &self.schema
+        self.schema
     }
 
     pub fn header(&self) -> &[u8] {
         &self.header
     }
 
-    /// Frame header + datum. Fails only when the value does not match the schema (a bug).
-    pub fn encode(&self, value: Value) -> Result<Vec<u8>, apache_avro::Error> {
-        let value = value.resolve(&self.schema)?;
-        let datum =
-            apache_avro::writer::datum::GenericDatumWriter::builder(&self.schema).build()?.write_value_to_vec(value)?;
-        let mut out = Vec::with_capacity(self.header.len() + datum.len());
+    /// Frame header + datum of a serde record. Fails only when the record does not fit the schema (a bug).
+    pub fn encode<T: Serialize>(&self, record: &T) -> Result<Vec<u8>, apache_avro::Error> {
+        let mut out = Vec::with_capacity(self.header.len() + 512);
         out.extend_from_slice(&self.header);
-        out.extend_from_slice(&datum);
+        self.writer.write_ser(&mut out, record)?;
         Ok(out)
     }
 
@@ -90,98 +114,131 @@ impl Encoder {
             None => return Err(DecodeError::Frame),
         };
         let mut reader = body;
-        Ok(apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
+        Ok(apache_avro::reader::datum::GenericDatumReader::builder(self.schema)
             .build()
             .and_then(|r| r.read_value(&mut reader))?)
     }
 }
 
-fn string(s: &str) -> Value {
-    Value::String(s.to_string())
+/// `clinstream.variables.v1`: one variable of one document.
+#[derive(Debug, Serialize)]
+pub struct VariableRecord<'a> {
+    doc_id: &'a str,
+    version: Option<&'a str>,
+    patient: Option<&'a str>,
+    encounter: Option<&'a str>,
+    date: Option<&'a str>,
+    entered_in_error: bool,
+    variable: &'a str,
+    label: Label,
+    confidence: f32,
+    evidence: Vec<WindowRecord<'a>>,
+    context_tokens: i64,
+    mentions_found: i64,
+    lexicon_version: &'a str,
+    worker_version: &'a str,
 }
 
-fn opt_string(s: Option<&str>) -> Value {
-    match s {
-        Some(s) => Value::Union(1, Box::new(string(s))),
-        None => Value::Union(0, Box::new(Value::Null)),
+/// The schema's `Label` enum (symbols in the schema's order).
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Label {
+    Present,
+    Absent,
+    Uncertain,
+    NotMentioned,
+}
+
+#[derive(Debug, Serialize)]
+struct WindowRecord<'a> {
+    start: i64,
+    end: i64,
+    section: &'a str,
+    weight: f32,
+    tokens: i64,
+    mentions: Vec<MentionRecord<'a>>,
+    text: Option<&'a str>,
+}
+
+#[derive(Debug, Serialize)]
+struct MentionRecord<'a> {
+    start: i64,
+    end: i64,
+    section: &'a str,
+    weight: f32,
+    assertion: AssertionRecord,
+}
+
+#[derive(Debug, Serialize)]
+struct AssertionRecord {
+    negated: bool,
+    uncertain: bool,
+    historical: bool,
+    family: bool,
+    hypothetical: bool,
+}
+
+fn long(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn window<'a>(w: &'a Window, text: Option<&'a str>) -> WindowRecord<'a> {
+    WindowRecord {
+        start: long(w.start),
+        end: long(w.end),
+        section: w.section,
+        weight: w.weight,
+        tokens: long(w.tokens),
+        mentions: w
+            .mentions
+            .iter()
+            .map(|m| MentionRecord {
+                start: long(m.start),
+                end: long(m.end),
+                section: m.section,
+                weight: m.weight,
+                assertion: AssertionRecord {
+                    negated: m.assertion.negated,
+                    uncertain: m.assertion.uncertain,
+                    historical: m.assertion.historical,
+                    family: m.assertion.family,
+                    hypothetical: m.assertion.hypothetical,
+                },
+            })
+            .collect(),
+        text,
     }
 }
 
-fn long(n: usize) -> Value {
-    Value::Long(i64::try_from(n).unwrap_or(i64::MAX))
-}
-
-fn record(fields: Vec<(&str, Value)>) -> Value {
-    Value::Record(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-}
-
-fn window(w: &Window, text: Option<&str>) -> Value {
-    let mentions = w
-        .mentions
-        .iter()
-        .map(|m| {
-            let a = m.assertion;
-            record(vec![
-                ("start", long(m.start)),
-                ("end", long(m.end)),
-                ("section", string(m.section)),
-                ("weight", Value::Float(m.weight)),
-                (
-                    "assertion",
-                    record(vec![
-                        ("negated", Value::Boolean(a.negated)),
-                        ("uncertain", Value::Boolean(a.uncertain)),
-                        ("historical", Value::Boolean(a.historical)),
-                        ("family", Value::Boolean(a.family)),
-                        ("hypothetical", Value::Boolean(a.hypothetical)),
-                    ]),
-                ),
-            ])
-        })
-        .collect();
-    record(vec![
-        ("start", long(w.start)),
-        ("end", long(w.end)),
-        ("section", string(w.section)),
-        ("weight", Value::Float(w.weight)),
-        ("tokens", long(w.tokens)),
-        ("mentions", Value::Array(mentions)),
-        ("text", opt_string(text)),
-    ])
-}
-
-/// The `clinstream.variables.v1` record of one variable of one document.
-pub fn variable_value(doc: &Document, v: &VariableResult, lexicon_version: &str, include_text: bool) -> Value {
-    let n = &doc.note;
-    let evidence =
-        v.evidence.iter().map(|w| window(w, include_text.then(|| n.text.get(w.start..w.end)).flatten())).collect();
-    let label_index = match v.label {
-        crate::model::Label::Present => 0,
-        crate::model::Label::Absent => 1,
-        crate::model::Label::Uncertain => 2,
-        crate::model::Label::NotMentioned => 3,
-    };
-    record(vec![
-        ("doc_id", string(&n.doc_id)),
-        ("version", opt_string(n.version.as_deref())),
-        ("patient", opt_string(n.patient.as_deref())),
-        ("encounter", opt_string(n.encounter.as_deref())),
-        ("date", opt_string(n.date.as_deref())),
-        ("entered_in_error", Value::Boolean(n.entered_in_error)),
-        ("variable", string(&v.variable)),
-        ("label", Value::Enum(label_index, v.label.as_str().to_string())),
-        ("confidence", Value::Float(v.confidence)),
-        ("evidence", Value::Array(evidence)),
-        ("context_tokens", long(v.context_tokens)),
-        ("mentions_found", long(v.mentions_found)),
-        ("lexicon_version", string(lexicon_version)),
-        ("worker_version", string(WORKER_VERSION)),
-    ])
-}
-
-/// The `clinstream.kg.v1` record of one document (serde mapping; the delta holds strings, enums and arrays).
-pub fn kg_value(delta: &crate::model::KgDelta) -> Result<Value, apache_avro::Error> {
-    apache_avro::to_value(delta)
+impl<'a> VariableRecord<'a> {
+    pub fn new(doc: &'a Document, v: &'a VariableResult, lexicon_version: &'a str, include_text: bool) -> Self {
+        let n = &doc.note;
+        VariableRecord {
+            doc_id: &n.doc_id,
+            version: n.version.as_deref(),
+            patient: n.patient.as_deref(),
+            encounter: n.encounter.as_deref(),
+            date: n.date.as_deref(),
+            entered_in_error: n.entered_in_error,
+            variable: &v.variable,
+            label: match v.label {
+                crate::model::Label::Present => Label::Present,
+                crate::model::Label::Absent => Label::Absent,
+                crate::model::Label::Uncertain => Label::Uncertain,
+                crate::model::Label::NotMentioned => Label::NotMentioned,
+            },
+            confidence: v.confidence,
+            evidence: v
+                .evidence
+                .iter()
+                .map(|w| window(w, include_text.then(|| n.text.get(w.start..w.end)).flatten()))
+                .collect(),
+            context_tokens: long(v.context_tokens),
+            mentions_found: long(v.mentions_found),
+            lexicon_version,
+            worker_version: WORKER_VERSION,
+        }
+    }
 }
 
 /// Where a dead-lettered record came from (positions only).
@@ -193,26 +250,44 @@ pub struct SourcePosition<'a> {
     pub timestamp_ms: Option<i64>,
 }
 
-/// The `clinstream.dlq.v1` record: why, where from, and the original bytes.
-pub fn dead_letter_value(letter: &DeadLetter, at: &SourcePosition<'_>, original: &[u8]) -> Value {
-    record(vec![
-        ("reason", string(letter.code().as_str())),
-        ("stage", string(letter.stage().as_str())),
-        ("detail", string(&letter.error.detail)),
-        ("doc_id", opt_string(letter.doc_id.as_deref())),
-        ("source_topic", string(at.topic)),
-        ("source_partition", Value::Int(at.partition)),
-        ("source_offset", Value::Long(at.offset)),
-        (
-            "source_timestamp_ms",
-            match at.timestamp_ms {
-                Some(t) => Value::Union(1, Box::new(Value::Long(t))),
-                None => Value::Union(0, Box::new(Value::Null)),
-            },
-        ),
-        ("worker_version", string(WORKER_VERSION)),
-        ("value", Value::Bytes(original.to_vec())),
-    ])
+/// `clinstream.dlq.v1`: why, where from, and the original bytes.
+#[derive(Debug, Serialize)]
+pub struct DeadLetterRecord<'a> {
+    reason: &'static str,
+    stage: &'static str,
+    detail: &'a str,
+    doc_id: Option<&'a str>,
+    source_topic: &'a str,
+    source_partition: i32,
+    source_offset: i64,
+    source_timestamp_ms: Option<i64>,
+    worker_version: &'static str,
+    #[serde(with = "serde_bytes_ref")]
+    value: &'a [u8],
+}
+
+/// Bytes as Avro `bytes` (serde's default for a slice is a sequence).
+mod serde_bytes_ref {
+    pub fn serialize<S: serde::Serializer>(v: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+}
+
+impl<'a> DeadLetterRecord<'a> {
+    pub fn new(letter: &'a DeadLetter, at: &SourcePosition<'a>, original: &'a [u8]) -> Self {
+        DeadLetterRecord {
+            reason: letter.code().as_str(),
+            stage: letter.stage().as_str(),
+            detail: &letter.error.detail,
+            doc_id: letter.doc_id.as_deref(),
+            source_topic: at.topic,
+            source_partition: at.partition,
+            source_offset: at.offset,
+            source_timestamp_ms: at.timestamp_ms,
+            worker_version: WORKER_VERSION,
+            value: original,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -252,7 +327,7 @@ mod tests {
         assert_eq!(enc.header().len(), 10);
         let reader = GenericSingleObjectReader::builder().schema(enc.schema().clone()).build().unwrap();
         let pneumonia = doc.variables.iter().find(|v| v.variable == "pneumonia").unwrap();
-        let bytes = enc.encode(variable_value(&doc, pneumonia, "lex-1", false)).unwrap();
+        let bytes = enc.encode(&VariableRecord::new(&doc, pneumonia, "lex-1", false)).unwrap();
         let back = reader.read_value(&mut &bytes[..]).unwrap();
         assert_eq!(field(&back, "doc_id"), &Value::String("d1".into()));
         assert_eq!(field(&back, "version"), &Value::Union(1, Box::new(Value::String("2".into()))));
@@ -262,7 +337,7 @@ mod tests {
         // No text unless configured.
         assert_eq!(field(&evidence[0], "text"), &Value::Union(0, Box::new(Value::Null)));
         let pneumothorax = doc.variables.iter().find(|v| v.variable == "pneumothorax").unwrap();
-        let bytes = enc.encode(variable_value(&doc, pneumothorax, "lex-1", true)).unwrap();
+        let bytes = enc.encode(&VariableRecord::new(&doc, pneumothorax, "lex-1", true)).unwrap();
         let back = enc.decode(&bytes).unwrap();
         assert_eq!(field(&back, "label"), &Value::Enum(1, "absent".into()));
         let Value::Array(evidence) = field(&back, "evidence") else { panic!() };
@@ -275,16 +350,16 @@ mod tests {
         let doc = document();
         let vars = Encoder::new(VARIABLES_SCHEMA, Framing::SingleObject).unwrap();
         for v in &doc.variables {
-            let bytes = vars.encode(variable_value(&doc, v, "lex", true)).unwrap();
+            let bytes = vars.encode(&VariableRecord::new(&doc, v, "lex", true)).unwrap();
             assert_eq!(field(&vars.decode(&bytes).unwrap(), "variable"), &Value::String(v.variable.clone()));
         }
         let kg = Encoder::new(KG_SCHEMA, Framing::SingleObject).unwrap();
         let delta = &doc.kg;
-        let back = kg.decode(&kg.encode(kg_value(delta).unwrap()).unwrap()).unwrap();
+        let back = kg.decode(&kg.encode(delta).unwrap()).unwrap();
         let Value::Array(nodes) = field(&back, "nodes") else { panic!() };
         assert_eq!(nodes.len(), delta.nodes.len());
         // A record framed for another schema is refused, not misread.
-        let bytes = vars.encode(variable_value(&doc, &doc.variables[0], "lex", false)).unwrap();
+        let bytes = vars.encode(&VariableRecord::new(&doc, &doc.variables[0], "lex", false)).unwrap();
         assert!(kg.decode(&bytes).is_err());
     }
 
@@ -298,7 +373,7 @@ mod tests {
         };
         let original = b"\x00\xffnot json".to_vec();
         let at = SourcePosition { topic: "in", partition: 3, offset: 42, timestamp_ms: Some(1_700_000_000_000) };
-        let back = enc.decode(&enc.encode(dead_letter_value(&letter, &at, &original)).unwrap()).unwrap();
+        let back = enc.decode(&enc.encode(&DeadLetterRecord::new(&letter, &at, &original)).unwrap()).unwrap();
         assert_eq!(field(&back, "reason"), &Value::String("invalid_json".into()));
         assert_eq!(field(&back, "source_partition"), &Value::Int(3));
         assert_eq!(field(&back, "source_offset"), &Value::Long(42));
@@ -316,11 +391,47 @@ mod tests {
             doc_id: None,
         };
         let at = SourcePosition { topic: "in", partition: 0, offset: 1, timestamp_ms: None };
-        let framed = enc.encode(dead_letter_value(&letter, &at, b"v")).unwrap();
+        let framed = enc.encode(&DeadLetterRecord::new(&letter, &at, b"v")).unwrap();
         let single = Encoder::new(DLQ_SCHEMA, Framing::SingleObject).unwrap();
         assert_eq!(field(&single.decode(&framed).unwrap(), "reason"), &Value::String("invalid_json".into()));
         let kg = Encoder::new(KG_SCHEMA, Framing::SingleObject).unwrap();
-        let dlq_single = single.encode(dead_letter_value(&letter, &at, b"v")).unwrap();
+        let dlq_single = single.encode(&DeadLetterRecord::new(&letter, &at, b"v")).unwrap();
         assert!(kg.decode(&dlq_single).is_err());
+    }
+
+    /// The schema-aware serializer writes exactly what apache-avro's generic path (serde → `Value`, resolved
+    /// against the schema, validated, encoded) writes for the same records.
+    #[test]
+    fn records_are_the_bytes_of_the_generic_avro_path() {
+        fn generic<T: Serialize>(enc: &Encoder, record: &T) -> Vec<u8> {
+            let value = apache_avro::to_value(record).unwrap().resolve(enc.schema()).unwrap();
+            let datum = GenericDatumWriter::builder(enc.schema()).build().unwrap().write_value_to_vec(value).unwrap();
+            [enc.header(), &datum[..]].concat()
+        }
+        let doc = document();
+        let vars = Encoder::new(VARIABLES_SCHEMA, Framing::SingleObject).unwrap();
+        assert!(doc.variables.iter().any(|v| !v.evidence.is_empty()));
+        for v in &doc.variables {
+            for include_text in [false, true] {
+                let record = VariableRecord::new(&doc, v, "lex", include_text);
+                assert_eq!(vars.encode(&record).unwrap(), generic(&vars, &record), "{}", v.variable);
+            }
+        }
+        let kg = Encoder::new(KG_SCHEMA, Framing::Confluent(7)).unwrap();
+        assert!(!doc.kg.nodes.is_empty() && !doc.kg.edges.is_empty());
+        assert_eq!(kg.encode(&doc.kg).unwrap(), generic(&kg, &doc.kg));
+        let dlq = Encoder::new(DLQ_SCHEMA, Framing::SingleObject).unwrap();
+        let letter = DeadLetter {
+            error: DocError::new(ErrorCode::InvalidJson, Stage::Decode, "x"),
+            origin: Origin::Kafka { topic: "in".into(), partition: 0, offset: 1, entry: None },
+            doc_id: Some("d1".into()),
+        };
+        for timestamp_ms in [None, Some(1_700_000_000_000)] {
+            let at = SourcePosition { topic: "in", partition: 2, offset: 9, timestamp_ms };
+            let record = DeadLetterRecord::new(&letter, &at, b"\x00\xffbytes");
+            assert_eq!(dlq.encode(&record).unwrap(), generic(&dlq, &record));
+        }
+        // One parse per schema for the process, however many encoders.
+        assert!(std::ptr::eq(vars.schema(), Encoder::new(VARIABLES_SCHEMA, Framing::Confluent(1)).unwrap().schema()));
     }
 }

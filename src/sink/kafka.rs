@@ -120,8 +120,9 @@ impl Output {
         let producer: FutureProducer = config.create().map_err(|e| RunError::Config(format!("kafka producer: {e}")))?;
         let producer_config = config;
         let [fv, fk, fd] = framing;
-        let enc =
-            |schema: &str, f: Framing| Encoder::new(schema, f).map_err(|e| RunError::Config(format!("schema: {e}")));
+        let enc = |schema: &'static str, f: Framing| {
+            Encoder::new(schema, f).map_err(|e| RunError::Config(format!("schema: {e}")))
+        };
         let mut output = Output {
             producer,
             producer_config,
@@ -175,13 +176,14 @@ impl Output {
         let key = doc.note.doc_id.as_bytes();
         let mut records = Vec::with_capacity(doc.variables.len() + 1);
         for v in &doc.variables {
-            let value = avro::variable_value(doc, v, &self.lexicon_version, self.include_text);
-            let bytes =
-                self.variables.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("variables record: {e}")))?;
+            let record = avro::VariableRecord::new(doc, v, &self.lexicon_version, self.include_text);
+            let bytes = self
+                .variables
+                .encode(&record)
+                .map_err(|e| halt(ErrorCode::SinkIo, format!("variables record: {e}")))?;
             records.push((Out::Variables, bytes));
         }
-        let value = avro::kg_value(&doc.kg).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
-        let bytes = self.kg.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
+        let bytes = self.kg.encode(&doc.kg).map_err(|e| halt(ErrorCode::SinkIo, format!("kg record: {e}")))?;
         records.push((Out::Kg, bytes));
         // librdkafka counts key, value and record overhead against message.max.bytes.
         if let Some((out, bytes)) =
@@ -233,8 +235,9 @@ impl Output {
             offset: record.offset,
             timestamp_ms: m.timestamp().to_millis(),
         };
-        let value = avro::dead_letter_value(letter, &at, record.payload());
-        let bytes = self.dlq.encode(value).map_err(|e| halt(ErrorCode::SinkIo, format!("dead-letter record: {e}")))?;
+        let dead_letter = avro::DeadLetterRecord::new(letter, &at, record.payload());
+        let bytes =
+            self.dlq.encode(&dead_letter).map_err(|e| halt(ErrorCode::SinkIo, format!("dead-letter record: {e}")))?;
         self.send(Out::Dlq, m.key(), &bytes, Some(hdrs)).await
     }
 
