@@ -157,3 +157,33 @@ pub fn render(hits: &[Hit], json: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Found;
+
+    fn hit(found: Found) -> Hit {
+        let payload = serde_json::json!({"doc_id": "d1", "doc_version": "2", "section": "impression", "text": "a b"});
+        Hit { id: "x".into(), score: 0.5, payload: payload.as_object().unwrap().clone(), found }
+    }
+
+    #[test]
+    fn each_hit_says_which_rankings_found_it() {
+        let both = Found { dense: Some(0.7123), words: Some(0.8), concept: true };
+        let text =
+            render(&[hit(both), hit(Found { words: Some(1.25), ..Found::default() }), hit(Found::default())], false);
+        let heads: Vec<&str> = text.lines().filter(|l| l.contains("  doc ")).collect();
+        assert_eq!(heads.len(), 3, "{text}");
+        assert!(heads[0].starts_with(" 1. 0.5000 (dense 0.712, words 0.80, concept)  doc d1"), "{text}");
+        assert!(heads[1].starts_with(" 2. 0.5000 (words 1.25)  doc d1"), "{text}");
+        assert!(heads[2].starts_with(" 3. 0.5000  doc d1"), "{text}");
+        // JSON lines carry it as the API does; a hit found by nothing says nothing.
+        let lines: Vec<serde_json::Value> = render(&[hit(both), hit(Found::default())], true)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["found"], serde_json::json!({"dense": 0.7123_f32, "words": 0.8_f32, "concept": true}));
+        assert!(lines[1].get("found").is_none());
+    }
+}
