@@ -20,7 +20,7 @@ each in notes/s, and the ratio of the first to the smaller of the other two (1.0
 its slowest part; the goal is at least 0.8). File-mode notes/s are the run's own (`clinstream run`'s summary:
 from the first note to the store flushed, start-up excluded); Kafka-mode ones from every worker ready to the input
 offsets committed (bench/kafka_e2e.py), with the share of the cores the broker took in each (it runs on the same
-cores here). Both clocks stop when the points are durable, before most of the segment maintenance their writes
+cores here) and the worker's own CPU milliseconds per note. Both clocks stop when the points are durable, before most of the segment maintenance their writes
 start; for the embedded store each file row also gives the pair with it: the store alone until that maintenance
 has finished (`bench store --settled`), and the file run until its process exits after finishing it
 (`store.maintenance_wait_ms` raised), start-up excluded. CAPACITY_ROUNDS (default 2) runs every measurement that many times,
@@ -76,6 +76,7 @@ FILE_SETTLED = {}
 # shares the cores with the worker here, and what it spends grows with the run's length (noida-db writes its whole
 # state to disk every few seconds while topics change; docs/benchmarks.md).
 BROKER_SHARE = {}
+WORKER_CPU_MS = {}
 
 
 def kafka_run(bin_, events, n, work, env, key):
@@ -86,6 +87,8 @@ def kafka_run(bin_, events, n, work, env, key):
         if r["notes_per_s"] > BROKER_SHARE.get(key, (0.0, 0.0))[0]:
             share = r["cpu_seconds"]["broker"] / (r["cores"] * r["seconds_to_committed"])
             BROKER_SHARE[key] = (r["notes_per_s"], round(share, 2))
+            # The worker's own CPU per note up to the commit (its consumer, stages, store writes and producer).
+            WORKER_CPU_MS[key] = round(1000 * r["cpu_seconds"]["workers"] / n, 2)
         return r["notes_per_s"]
     finally:
         os.environ.clear()
@@ -163,6 +166,7 @@ def main():
                 if mode == "kafka":
                     # The share of the cores the broker took in the end-to-end run and in the text-only one.
                     rows[-1]["broker_core_share"] = {"e2e": BROKER_SHARE[store][1], "text_only": BROKER_SHARE["text"][1]}
+                    rows[-1]["worker_cpu_ms_per_note"] = {"e2e": WORKER_CPU_MS[store], "text_only": WORKER_CPU_MS["text"]}
         result = {"notes": n, "rounds": rounds, "cores": os.cpu_count(), "in_flight": in_flight(),
                   "shards": int(os.environ.get("CLINSTREAM__STORE__SHARDS", "1")),
                   "command": f"python3 bench/capacity.py BIN mtsamples.csv {n}", "rows": rows}
@@ -176,7 +180,9 @@ def main():
                      f"   store alone {r['store_alone_settled_notes_per_s']:8.0f}   e2e / store = {r['settled_ratio']:.2f}"
                      if "settled_ratio" in r else "")
                   + (f"   broker's share of the cores: e2e {r['broker_core_share']['e2e']:.2f}, "
-                     f"text only {r['broker_core_share']['text_only']:.2f}" if "broker_core_share" in r else ""),
+                     f"text only {r['broker_core_share']['text_only']:.2f}; worker CPU ms/note: e2e "
+                     f"{r['worker_cpu_ms_per_note']['e2e']:.2f}, text only {r['worker_cpu_ms_per_note']['text_only']:.2f}"
+                     if "broker_core_share" in r else ""),
                   file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
