@@ -20,7 +20,7 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use serde::Serialize;
 
 use crate::WORKER_VERSION;
-use crate::model::{DeadLetter, Document, VariableResult, Window};
+use crate::model::{Assertion, DeadLetter, Document, Label, VariableResult, Window};
 
 pub const VARIABLES_SCHEMA: &str = include_str!("../../schemas/clinstream.variables.v1.avsc");
 pub const KG_SCHEMA: &str = include_str!("../../schemas/clinstream.kg.v1.avsc");
@@ -130,6 +130,7 @@ pub struct VariableRecord<'a> {
     date: Option<&'a str>,
     entered_in_error: bool,
     variable: &'a str,
+    /// Serialised by variant name: the schema's `Label` symbols.
     label: Label,
     confidence: f32,
     evidence: Vec<WindowRecord<'a>>,
@@ -137,16 +138,6 @@ pub struct VariableRecord<'a> {
     mentions_found: i64,
     lexicon_version: &'a str,
     worker_version: &'a str,
-}
-
-/// The schema's `Label` enum (symbols in the schema's order).
-#[derive(Debug, Clone, Copy, Serialize)]
-#[serde(rename_all = "snake_case")]
-enum Label {
-    Present,
-    Absent,
-    Uncertain,
-    NotMentioned,
 }
 
 #[derive(Debug, Serialize)]
@@ -166,16 +157,8 @@ struct MentionRecord<'a> {
     end: i64,
     section: &'a str,
     weight: f32,
-    assertion: AssertionRecord,
-}
-
-#[derive(Debug, Serialize)]
-struct AssertionRecord {
-    negated: bool,
-    uncertain: bool,
-    historical: bool,
-    family: bool,
-    hypothetical: bool,
+    /// The schema's `Assertion` record: the five flags in its order.
+    assertion: Assertion,
 }
 
 fn long(n: usize) -> i64 {
@@ -197,13 +180,7 @@ fn window<'a>(w: &'a Window, text: Option<&'a str>) -> WindowRecord<'a> {
                 end: long(m.end),
                 section: m.section,
                 weight: m.weight,
-                assertion: AssertionRecord {
-                    negated: m.assertion.negated,
-                    uncertain: m.assertion.uncertain,
-                    historical: m.assertion.historical,
-                    family: m.assertion.family,
-                    hypothetical: m.assertion.hypothetical,
-                },
+                assertion: m.assertion,
             })
             .collect(),
         text,
@@ -221,12 +198,7 @@ impl<'a> VariableRecord<'a> {
             date: n.date.as_deref(),
             entered_in_error: n.entered_in_error,
             variable: &v.variable,
-            label: match v.label {
-                crate::model::Label::Present => Label::Present,
-                crate::model::Label::Absent => Label::Absent,
-                crate::model::Label::Uncertain => Label::Uncertain,
-                crate::model::Label::NotMentioned => Label::NotMentioned,
-            },
+            label: v.label,
             confidence: v.confidence,
             evidence: v
                 .evidence
