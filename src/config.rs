@@ -426,7 +426,8 @@ pub struct StoreSettings {
     pub write_consistency: u32,
     /// `none`, or `int8`: scalar quantization of the dense vectors (kept in RAM; the originals stay for rescoring).
     pub quantization: String,
-    /// Keyword payload indexes: `filters` (the fields clinstream's reads filter on) or `all` (also `section`,
+    /// Payload indexes: `lookups` (`patient` and `doc_id`, what every clinstream read and delete starts from),
+    /// `filters` (also the fields clinstream's reads filter on after those) or `all` (also `section`,
     /// `entity_kinds` and `entity_terms`, for tools that query the collection directly across patients).
     pub payload_indexes: String,
     /// HNSW graph of the dense vectors: edges per node and the construction beam.
@@ -1044,8 +1045,8 @@ impl Settings {
         if !["none", "int8"].contains(&st.quantization.as_str()) {
             problems.push(format!("store.quantization: `{}` is not none or int8", st.quantization));
         }
-        if !["filters", "all"].contains(&st.payload_indexes.as_str()) {
-            problems.push(format!("store.payload_indexes: `{}` is not filters or all", st.payload_indexes));
+        if !crate::store::PAYLOAD_INDEX_SETTINGS.contains(&st.payload_indexes.as_str()) {
+            problems.push(format!("store.payload_indexes: `{}` is not lookups, filters or all", st.payload_indexes));
         }
         if st.hnsw_m != 0 && !(4..=128).contains(&st.hnsw_m) {
             problems.push("store.hnsw_m: must be 0 (no graph) or between 4 and 128".to_string());

@@ -2102,20 +2102,25 @@ async fn server_store_idf_mass_is_its_own_idf() {
     idf_mass_is_the_stores_own_idf(s).await;
 }
 
-/// The keyword indexes a store gets: the fields clinstream filters on by default, three more with
-/// `store.payload_indexes = "all"`; reopened with the default, a store keeps the indexes it has.
+/// The payload indexes a store gets: `patient` and `doc_id` by default (`lookups`), the fields clinstream's reads
+/// also filter on with `filters`, three more with `all`; reopened with fewer, a store keeps the indexes it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payload_indexes_are_the_fields_filtered_on_unless_all_are_asked_for() {
+async fn payload_indexes_are_the_lookups_unless_more_are_asked_for() {
+    use clinstream::store::{DIRECT_QUERY_FIELDS, FILTER_FIELDS, INTEGER_FIELDS, LOOKUP_FIELDS};
     use std::collections::BTreeSet;
-    let filtered: BTreeSet<String> = clinstream::store::INDEXED_FIELDS
-        .iter()
-        .chain(clinstream::store::INTEGER_FIELDS)
-        .map(|f| f.to_string())
-        .collect();
-    assert!(filtered.contains("patient") && filtered.contains("doc_day") && !filtered.contains("entity_terms"));
-    let all: BTreeSet<String> =
-        filtered.iter().cloned().chain(clinstream::store::DIRECT_QUERY_FIELDS.iter().map(|f| f.to_string())).collect();
-    assert_eq!(all.len(), filtered.len() + 3);
+    let set = |groups: &[&[&str]]| -> BTreeSet<String> {
+        groups.iter().flat_map(|g| g.iter()).map(|f| f.to_string()).collect()
+    };
+    let lookups = set(&[LOOKUP_FIELDS]);
+    let filters = set(&[LOOKUP_FIELDS, FILTER_FIELDS, INTEGER_FIELDS]);
+    let all = set(&[LOOKUP_FIELDS, FILTER_FIELDS, INTEGER_FIELDS, DIRECT_QUERY_FIELDS]);
+    assert_eq!(lookups, set(&[&["patient", "doc_id"]]));
+    assert!(filters.contains("doc_type") && filters.contains("doc_day") && !filters.contains("entity_terms"));
+    assert_eq!(all.len(), filters.len() + 3);
+    // The default is the lookups.
+    let defaults = clinstream::config::Settings::load_from(None, Some(Default::default())).unwrap();
+    assert_eq!(defaults.store.payload_indexes, "lookups");
+    let steps = [("lookups", &lookups), ("filters", &filters), ("lookups", &filters), ("all", &all), ("filters", &all)];
 
     // Embedded: the shard's own schema, read with the engine after the store is closed.
     let dir = tempfile::tempdir().unwrap();
@@ -2125,7 +2130,7 @@ async fn payload_indexes_are_the_fields_filtered_on_unless_all_are_asked_for() {
         shard.info().unwrap().payload_schema.keys().map(|k| k.to_string()).collect()
     };
     let path = PathBuf::from(&s.store.path);
-    for (setting, want) in [("filters", &filtered), ("all", &all), ("filters", &all)] {
+    for (setting, want) in steps {
         s.store.payload_indexes = setting.into();
         let store = Store::open(&s.store, 384).await.unwrap();
         store.flush().await.unwrap();
@@ -2137,7 +2142,7 @@ async fn payload_indexes_are_the_fields_filtered_on_unless_all_are_asked_for() {
     let mut settings_bad = s.clone();
     settings_bad.store = bad;
     let e = settings_bad.validate().unwrap_err().to_string();
-    assert!(e.contains("store.payload_indexes"), "{e}");
+    assert!(e.contains("store.payload_indexes") && e.contains("lookups, filters or all"), "{e}");
 
     // A Qdrant server: the collection's payload schema.
     let Some(server) = common::qdrant::QdrantServer::start() else { return };
@@ -2147,7 +2152,7 @@ async fn payload_indexes_are_the_fields_filtered_on_unless_all_are_asked_for() {
         client = client.api_key(server.api_key.clone());
     }
     let client = client.build().unwrap();
-    for (setting, want) in [("filters", &filtered), ("all", &all), ("filters", &all)] {
+    for (setting, want) in steps {
         s.store.payload_indexes = setting.into();
         Store::open(&s.store, 384).await.unwrap();
         let info = client.collection_info(&s.store.collection).await.unwrap().result.unwrap();

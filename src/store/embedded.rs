@@ -36,7 +36,7 @@ use qdrant_edge::{
 };
 use serde_json::Value;
 
-use super::{DENSE, Filters, Hit, INTEGER_FIELDS, Point, Query, Record, SPARSE, StoreError, keyword_fields};
+use super::{DENSE, Filters, Hit, Point, Query, Record, SPARSE, StoreError, integer_fields, keyword_fields};
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
 
@@ -157,11 +157,11 @@ fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ 
 }
 
 /// Creates the payload indexes the shard lacks (all of them in a new store; fields added by a newer clinstream, or
-/// by `store.payload_indexes = "all"`, in an older one). An index the settings no longer ask for is left in place.
+/// by a `store.payload_indexes` with more of them, in an older one). An index the settings no longer ask for is left in place.
 fn ensure_indexes(shard: &EdgeShard, s: &StoreSettings) -> Result<(), StoreError> {
     let have = shard.info().map_err(fatal("could not read the store's indexes"))?.payload_schema;
     let wanted =
-        keyword_fields(s).into_iter().map(|f| (f, "keyword")).chain(INTEGER_FIELDS.iter().map(|f| (*f, "integer")));
+        keyword_fields(s).into_iter().map(|f| (f, "keyword")).chain(integer_fields(s).iter().map(|f| (*f, "integer")));
     for (field, kind) in wanted {
         let path =
             field.parse::<JsonPath>().map_err(|_| StoreError::fatal(format!("payload index field `{field}`")))?;

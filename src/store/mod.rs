@@ -26,23 +26,44 @@ use crate::error::ErrorCode;
 pub const DENSE: &str = "dense";
 /// Name of the sparse (BM25) vector in the collection.
 pub const SPARSE: &str = "bm25";
-/// Payload fields with a keyword index: the ones clinstream's own reads and deletes filter on (created before any
-/// data is written; added to older collections when a writer opens them).
-pub const INDEXED_FIELDS: &[&str] = &["patient", "doc_id", "doc_version", "doc_type", "sections", "concepts", "record"];
+/// Payload fields every clinstream read and delete starts from: a patient's points (every search, the query
+/// service's reads, RAPTOR's tree) and a document's points (replacing or removing a version). Indexed with every
+/// setting of `store.payload_indexes`; with `lookups` (the default) the only ones.
+pub const LOOKUP_FIELDS: &[&str] = &["patient", "doc_id"];
+/// Payload fields clinstream's reads also filter on, always after a patient or a document has been selected by
+/// [`LOOKUP_FIELDS`]: the engine picks those few hundred points by their index and checks these conditions on the
+/// points themselves, so an index on them serves no clinstream read. Keyword-indexed with `store.payload_indexes =
+/// "filters"` (and `all`), for stores whose reads filter across patients (a Qdrant cluster in strict mode refuses
+/// a filter on a field without an index).
+pub const FILTER_FIELDS: &[&str] = &["doc_version", "doc_type", "sections", "concepts", "record"];
+/// Payload fields with an integer index with `filters` and `all`: `doc_day`, the note's date as `yyyymmdd`
+/// (date-range filters).
+pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
 /// Payload fields no clinstream read filters on, indexed only with `store.payload_indexes = "all"` for tools that
-/// query the collection directly across patients. Every clinstream search filters by `patient` first, so the
-/// engine selects a patient's few hundred points by that index and checks any other condition on them; an index
-/// on these fields would be kept up to date on every write and rebuilt with every segment for nothing.
+/// query the collection directly across patients.
 pub const DIRECT_QUERY_FIELDS: &[&str] = &["section", "entity_kinds", "entity_terms"];
 
-/// The keyword-indexed payload fields of a store with these settings (`store.payload_indexes`).
+/// The settings of `store.payload_indexes`, fewest indexes first.
+pub const PAYLOAD_INDEX_SETTINGS: &[&str] = &["lookups", "filters", "all"];
+
+/// The keyword-indexed payload fields of a store with these settings (`store.payload_indexes`). Every index is
+/// updated by each write on the shard's writer thread and built again, one pass over every stored payload, with
+/// each new segment: on a worker that writes as fast as its cores allow, those rebuilds are most of the embedded
+/// store's maintenance.
 pub fn keyword_fields(s: &StoreSettings) -> Vec<&'static str> {
-    let extra: &[&str] = if s.payload_indexes == "all" { DIRECT_QUERY_FIELDS } else { &[] };
-    INDEXED_FIELDS.iter().chain(extra).copied().collect()
+    let extra: &[&[&str]] = match s.payload_indexes.as_str() {
+        "all" => &[FILTER_FIELDS, DIRECT_QUERY_FIELDS],
+        "filters" => &[FILTER_FIELDS],
+        _ => &[],
+    };
+    LOOKUP_FIELDS.iter().chain(extra.iter().flat_map(|f| f.iter())).copied().collect()
 }
 
-/// Payload fields with an integer index: `doc_day`, the note's date as `yyyymmdd` (date-range filters).
-pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
+/// The integer-indexed payload fields of a store with these settings: `doc_day` unless `lookups`.
+pub fn integer_fields(s: &StoreSettings) -> &'static [&'static str] {
+    if s.payload_indexes == "lookups" { &[] } else { INTEGER_FIELDS }
+}
+
 /// The `record` payload value of entity-window points (chunks carry `chunk`; chunks written before windows
 /// existed carry none, so readers of chunks exclude windows rather than require `chunk`).
 pub const WINDOW: &str = "window";

@@ -16,9 +16,7 @@ use qdrant_client::qdrant::{
 };
 use qdrant_client::{Payload, Qdrant, QdrantError};
 
-use super::{
-    DENSE, DenseSearch, Filters, Hit, INTEGER_FIELDS, Point, Query, Record, SPARSE, SUMMARY, StoreError, Stored, WINDOW,
-};
+use super::{DENSE, DenseSearch, Filters, Hit, Point, Query, Record, SPARSE, SUMMARY, StoreError, Stored, WINDOW};
 use crate::config::StoreSettings;
 use crate::telemetry::metrics::metrics;
 
@@ -277,7 +275,7 @@ impl ServerStore {
     }
 
     /// Creates the payload indexes the collection lacks (all of them after `create`, before any point; fields a
-    /// newer clinstream, or `store.payload_indexes = "all"`, added, in an older collection). An index the settings
+    /// newer clinstream, or a `store.payload_indexes` with more of them, added, in an older collection). An index the settings
     /// no longer ask for is left in place.
     async fn ensure_indexes(&self, s: &StoreSettings) -> Result<(), StoreError> {
         let info = self.client.collection_info(&self.collection).await.map_err(|e| classify("collection_info", e))?;
@@ -285,7 +283,7 @@ impl ServerStore {
         let wanted = super::keyword_fields(s)
             .into_iter()
             .map(|f| (f, FieldType::Keyword))
-            .chain(INTEGER_FIELDS.iter().map(|f| (*f, FieldType::Integer)));
+            .chain(super::integer_fields(s).iter().map(|f| (*f, FieldType::Integer)));
         for (field, kind) in wanted {
             if have.contains_key(field) {
                 continue;
