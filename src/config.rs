@@ -258,6 +258,9 @@ pub struct ServeSettings {
     pub audit: AuditSettings,
 }
 
+/// The settings of `store.payload_indexes`, fewest indexes first (`store` says which fields each one indexes).
+pub const PAYLOAD_INDEX_SETTINGS: &[&str] = &["lookups", "filters", "all"];
+
 /// The signature algorithms `serve.oidc.algorithms` may name: asymmetric only (never HMAC, never `none`).
 pub const OIDC_ALGORITHMS: &[&str] = &["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
 
@@ -1045,7 +1048,7 @@ impl Settings {
         if !["none", "int8"].contains(&st.quantization.as_str()) {
             problems.push(format!("store.quantization: `{}` is not none or int8", st.quantization));
         }
-        if !crate::store::PAYLOAD_INDEX_SETTINGS.contains(&st.payload_indexes.as_str()) {
+        if !PAYLOAD_INDEX_SETTINGS.contains(&st.payload_indexes.as_str()) {
             problems.push(format!("store.payload_indexes: `{}` is not lookups, filters or all", st.payload_indexes));
         }
         if st.hnsw_m != 0 && !(4..=128).contains(&st.hnsw_m) {

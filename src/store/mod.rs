@@ -43,9 +43,6 @@ pub const INTEGER_FIELDS: &[&str] = &["doc_day"];
 /// query the collection directly across patients.
 pub const DIRECT_QUERY_FIELDS: &[&str] = &["section", "entity_kinds", "entity_terms"];
 
-/// The settings of `store.payload_indexes`, fewest indexes first.
-pub const PAYLOAD_INDEX_SETTINGS: &[&str] = &["lookups", "filters", "all"];
-
 /// The keyword-indexed payload fields of a store with these settings (`store.payload_indexes`). Every index is
 /// updated by each write on the shard's writer thread and built again, one pass over every stored payload, with
 /// each new segment: on a worker that writes as fast as its cores allow, those rebuilds are most of the embedded
