@@ -473,8 +473,8 @@ fn kill_storm(transactions: bool, storm: Storm) {
     let names = Names::new(if transactions { "crash-tx" } else { "crash" });
     let dir = test_dir();
     create_topic(&addr, &names.input, 4);
-    let n = storm.n;
-    let events = documents("crash", n);
+    let mut n = storm.n;
+    let mut events = documents("crash", n);
     produce(&addr, &names.input, &events);
     let index_env = match &server {
         Some(server) => indexing_env(dir.path(), Some(server), "storm"),
@@ -516,7 +516,17 @@ fn kill_storm(transactions: bool, storm: Storm) {
     // topic while the worker runs takes longer as it grows, and a fast machine finished before the sixth kill.
     let committed_total =
         || -> i64 { committed_and_end(&addr, &names.group, &names.input).iter().map(|(_, c, _)| (*c).max(0)).sum() };
+    // However fast the machine, the stream outlasts the kills: before each round, while fewer than twice the last
+    // round's documents are left, more are appended (ids continuing the first ones').
+    let mut last_done = 0;
+    let mut step = 0;
     for tag in tags {
+        while n - last_done < 2 * step {
+            let more = documents("crash", n + step).split_off(n);
+            produce(&addr, &names.input, &more);
+            events.extend(more);
+            n += step;
+        }
         let before = committed_total();
         let mut w = Worker::start(&cfg(tag));
         wait_until(Duration::from_secs(60), "progress", || {
@@ -528,6 +538,8 @@ fn kill_storm(transactions: bool, storm: Storm) {
         w.sigkill();
         let done = counts_by_key(&read_all(&addr, &names.kg, transactions)).len();
         progress.push(done);
+        step = done.saturating_sub(last_done);
+        last_done = done;
         if done < n {
             kills_mid_stream += 1;
         }
