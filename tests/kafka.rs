@@ -958,9 +958,9 @@ fn chaos_qdrant_outage_of_a_minute() {
     indexing_with_faults("qoutage", Some(&mut server), 3000, Duration::from_secs(60));
 }
 
-/// Two worker SIGKILLs, then (with a local server) a store outage of `outage` while the last worker indexes; the
-/// store ends with exactly the clean run's points.
-fn indexing_with_faults(test: &str, server: Option<&mut common::qdrant::QdrantServer>, n: usize, outage: Duration) {
+/// Two worker SIGKILLs, then (with a local server) a store outage of `outage` while the last worker indexes, with
+/// 20 more documents arriving during it; the store ends with exactly the clean run's points.
+fn indexing_with_faults(test: &str, server: Option<&mut common::qdrant::QdrantServer>, mut n: usize, outage: Duration) {
     if !model_present() {
         return;
     }
@@ -969,7 +969,7 @@ fn indexing_with_faults(test: &str, server: Option<&mut common::qdrant::QdrantSe
     let names = Names::new(test);
     let dir = test_dir();
     create_topic(&addr, &names.input, 2);
-    let events = documents(test, n);
+    let mut events = documents(test, n);
     produce(&addr, &names.input, &events);
     let mut index_env = indexing_env(dir.path(), server.as_deref(), test);
     index_env.push(("CLINSTREAM__PIPELINE__IN_FLIGHT", "8".to_string()));
@@ -1000,6 +1000,12 @@ fn indexing_with_faults(test: &str, server: Option<&mut common::qdrant::QdrantSe
         });
         server.kill();
         let down = Instant::now();
+        // Documents that arrive while the store is away, so the worker writes during the outage however fast it
+        // finished the first ones (ids continuing theirs).
+        let late = documents(test, n + 20).split_off(n);
+        produce(&addr, &names.input, &late);
+        events.extend(late);
+        n += 20;
         wait_until(Duration::from_secs(30), "/readyz 503 while the store is down", || {
             http_get(port, "/readyz").is_some_and(|(s, _)| s == 503)
         });
