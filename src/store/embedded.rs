@@ -157,7 +157,8 @@ fn fatal(what: &str) -> impl Fn(qdrant_edge::OperationError) -> StoreError + '_ 
 }
 
 /// Creates the payload indexes the shard lacks (all of them in a new store; fields added by a newer clinstream, or
-/// by a `store.payload_indexes` with more of them, in an older one). An index the settings no longer ask for is left in place.
+/// by a `store.payload_indexes` with more of them, in an older one). An index the settings no longer ask for is
+/// left in place.
 fn ensure_indexes(shard: &EdgeShard, s: &StoreSettings) -> Result<(), StoreError> {
     let have = shard.info().map_err(fatal("could not read the store's indexes"))?.payload_schema;
     let wanted =

@@ -275,8 +275,8 @@ impl ServerStore {
     }
 
     /// Creates the payload indexes the collection lacks (all of them after `create`, before any point; fields a
-    /// newer clinstream, or a `store.payload_indexes` with more of them, added, in an older collection). An index the settings
-    /// no longer ask for is left in place.
+    /// newer clinstream, or a `store.payload_indexes` with more of them, added, in an older collection). An index
+    /// the settings no longer ask for is left in place.
     async fn ensure_indexes(&self, s: &StoreSettings) -> Result<(), StoreError> {
         let info = self.client.collection_info(&self.collection).await.map_err(|e| classify("collection_info", e))?;
         let have = info.result.map(|r| r.payload_schema).unwrap_or_default();
