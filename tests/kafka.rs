@@ -531,10 +531,8 @@ fn kill_storm(transactions: bool, storm: Storm) {
     let mut step = 0;
     for tag in tags {
         while n - last_done < 2 * step {
-            let more = documents("crash", n + step).split_off(n);
-            produce(&addr, &names.input, &more);
-            events.extend(more);
-            n += step;
+            produce_more(&addr, &names.input, "crash", &mut events, step);
+            n = events.len();
         }
         let before = committed_total();
         let mut w = Worker::start(&cfg(tag));
@@ -1011,10 +1009,8 @@ fn indexing_with_faults(test: &str, server: Option<&mut common::qdrant::QdrantSe
         let down = Instant::now();
         // Documents that arrive while the store is away, so the worker writes during the outage however fast it
         // finished the first ones (ids continuing theirs).
-        let late = documents(test, n + 20).split_off(n);
-        produce(&addr, &names.input, &late);
-        events.extend(late);
-        n += 20;
+        produce_more(&addr, &names.input, test, &mut events, 20);
+        n = events.len();
         wait_until(Duration::from_secs(30), "/readyz 503 while the store is down", || {
             http_get(port, "/readyz").is_some_and(|(s, _)| s == 503)
         });

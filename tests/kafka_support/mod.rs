@@ -226,7 +226,19 @@ const TEXTS: &[&str] = &[
 
 /// `n` valid events with ids `{prefix}-{i}`.
 pub fn documents(prefix: &str, n: usize) -> Vec<Event> {
-    (0..n).map(|i| Event::doc(&format!("{prefix}-{i}"), TEXTS[i % TEXTS.len()])).collect()
+    documents_from(prefix, 0..n)
+}
+
+fn documents_from(prefix: &str, ids: std::ops::Range<usize>) -> Vec<Event> {
+    ids.map(|i| Event::doc(&format!("{prefix}-{i}"), TEXTS[i % TEXTS.len()])).collect()
+}
+
+/// Produces `count` more documents after `events` (made by [`documents`] with this prefix), their ids continuing
+/// those, and appends them to `events`.
+pub fn produce_more(addr: &str, topic: &str, prefix: &str, events: &mut Vec<Event>, count: usize) {
+    let more = documents_from(prefix, events.len()..events.len() + count);
+    produce(addr, topic, &more);
+    events.extend(more);
 }
 
 pub fn produce(addr: &str, topic: &str, events: &[Event]) {
