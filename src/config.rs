@@ -694,6 +694,11 @@ pub struct VariableDef {
     /// (the variable means current use, e.g. tobacco).
     #[serde(default = "yes")]
     pub historical_is_present: bool,
+    /// Count a finding named in a differential with no other hedge ("small effusion versus pleural thickening")
+    /// as present rather than uncertain: the coding convention of indexers and labellers who code every finding a
+    /// report names as a candidate (docs/clear.md). Default false: a differential is uncertain.
+    #[serde(default)]
+    pub differential_is_present: bool,
     /// The head noun of each of `concepts`' preferred names said alone ("effusion" for pleural effusion, "edema"
     /// for pulmonary edema) is a mention too in `elliptic_sections`, unless another site's anatomy term stands
     /// right before it or is attached after it by a preposition (docs/clear.md).

@@ -984,7 +984,7 @@ impl Cpu {
                 "kind": kind, "term": term, "start": m.start - c.start, "end": m.end - c.start,
                 "negated": m.assertion.negated, "uncertain": m.assertion.uncertain,
                 "historical": m.assertion.historical, "family": m.assertion.family,
-                "hypothetical": m.assertion.hypothetical,
+                "hypothetical": m.assertion.hypothetical, "differential": m.assertion.differential,
             }));
         }
         let first = c.sections.first().and_then(|&i| doc.sections.get(i));

@@ -63,6 +63,8 @@ const TRAPS: &[(&str, &str)] = &[
     ("[Pneumonia] cannot be excluded.", "unc"),
     ("Cannot rule out [pulmonary embolism].", "unc"),
     ("Atelectasis versus [pneumonia].", "unc"),
+    ("Opacity possibly consistent with [pneumonia].", "unc"),
+    ("Interstitial opacities may be compatible with [pulmonary edema].", "unc"),
     ("Opacity concerning for [pneumonia].", "unc"),
     ("Nodule suspicious for [malignancy].", "unc"),
     ("Question of [pleural effusion].", "unc"),

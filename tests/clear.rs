@@ -36,7 +36,9 @@ fn labels_for_each_kind_of_evidence() {
         ("IMPRESSION: Clear lungs.\n", "pleural_effusion", Label::NotMentioned),
         ("INDICATION: Rule out pneumonia.\nIMPRESSION: Clear lungs.\n", "pneumonia", Label::NotMentioned),
         ("FINDINGS: No pneumothorax.\nIMPRESSION: Small apical pneumothorax.\n", "pneumothorax", Label::Present),
-        ("FINDINGS: Enlarged cardiac silhouette.\n", "cardiomegaly", Label::Present),
+        ("FINDINGS: Enlarged heart.\n", "cardiomegaly", Label::Present),
+        // A projected outline is a sign: an enlarged cardiac silhouette may be a pericardial effusion.
+        ("FINDINGS: Enlarged cardiac silhouette.\n", "cardiomegaly", Label::Uncertain),
         ("SOCIAL HISTORY: Smokes one pack per day.\n", "tobacco_use", Label::Present),
         ("SOCIAL HISTORY: Quit smoking in 1990.\n", "tobacco_use", Label::Absent),
         ("SOCIAL HISTORY: Denies alcohol.\n", "alcohol_use", Label::Absent),
@@ -64,7 +66,8 @@ fn compounds_are_found_by_their_parts_plain_words() {
         ("FINDINGS: Small right pleural air collection at the apex.\n", "pneumothorax", Label::Present),
         ("FINDINGS: There is no air in the pleural space.\n", "pneumothorax", Label::Absent),
         ("FINDINGS: Possible tiny amount of air within the left pleural space.\n", "pneumothorax", Label::Uncertain),
-        ("FINDINGS: The cardiac silhouette is severely enlarged.\n", "cardiomegaly", Label::Present),
+        ("FINDINGS: The heart is severely enlarged.\n", "cardiomegaly", Label::Present),
+        ("FINDINGS: The cardiac silhouette is severely enlarged.\n", "cardiomegaly", Label::Uncertain),
         ("FINDINGS: No enlarged cardiac contour.\n", "cardiomegaly", Label::Absent),
     ];
     for (text, variable, expected) in cases {
@@ -285,6 +288,33 @@ fn alternatives_are_uncertain_and_a_hedged_cause_leaves_the_finding() {
     assert_eq!(result(&p, text, "pleural_effusion").label, Label::Present);
     let text = "IMPRESSION: Bibasilar opacities, pulmonary edema difficult to entirely exclude.\n";
     assert_eq!(result(&p, text, "pulmonary_edema").label, Label::Uncertain);
+}
+
+/// A finding named in a differential with no other hedge is uncertain, or present for a variable that says
+/// `differential_is_present` (the five shipped radiology findings do); another hedge keeps it uncertain either way.
+#[test]
+fn a_differential_counts_as_present_only_where_the_variable_says_so() {
+    let shipped = Pipeline::new(&common::settings()).unwrap();
+    let mut s = common::settings();
+    for v in &mut s.clear.variables {
+        v.differential_is_present = false;
+    }
+    let strict = Pipeline::new(&s).unwrap();
+    for (text, variable) in [
+        ("IMPRESSION: Small left pleural effusion versus pleural thickening.\n", "pleural_effusion"),
+        ("IMPRESSION: Left basilar opacity, atelectasis versus pneumonia.\n", "pneumonia"),
+    ] {
+        assert_eq!(result(&shipped, text, variable).label, Label::Present, "{text}");
+        assert_eq!(result(&strict, text, variable).label, Label::Uncertain, "{text}");
+    }
+    for text in [
+        "IMPRESSION: This may represent a small pleural effusion versus pleural thickening.\n",
+        "IMPRESSION: Question small right pleural effusion versus pleural thickening.\n",
+    ] {
+        assert_eq!(result(&shipped, text, "pleural_effusion").label, Label::Uncertain, "{text}");
+    }
+    let off: VariableDef = toml::from_str("name = \"x\"\nsynonyms = [\"y\"]\n").unwrap();
+    assert!(!off.differential_is_present, "a differential is uncertain unless a variable says otherwise");
 }
 
 #[test]

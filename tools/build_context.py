@@ -10,8 +10,8 @@ Sources (licences in data/LICENSES.md):
       VOCAB/pycontextnlp/KB/lexical_kb_05042016.tsv
   * clinstream's curated cues (below), for the traps users of other tools report.
 
-Rows: phrase (lower case, single spaces), category (negated | possible | hypothetical | historical | family |
-pseudo | terminate), direction (forward | backward | both | none), source. A phrase may appear in several
+Rows: phrase (lower case, single spaces), category (negated | possible | differential | hypothetical | historical |
+family | pseudo | terminate), direction (forward | backward | both | none), source. A phrase may appear in several
 categories (e.g. "history" is historical, "family history" is family). When two sources give the same
 (phrase, category), the first wins.
 
@@ -157,8 +157,9 @@ CURATED = [
     ("includes", "possible", "forward"),
     ("raising the possibility of", "possible", "forward"),
     ("other etiologies", "possible", "forward"),
-    ("versus", "possible", "both"),
-    ("vs", "possible", "both"),
+    # A differential: uncertain; a variable may count it present (`differential_is_present`).
+    ("versus", "differential", "both"),
+    ("vs", "differential", "both"),
     # Hypothetical.
     ("if", "hypothetical", "forward"),
     ("return if", "hypothetical", "forward"),
@@ -263,6 +264,10 @@ CANNOT = ["cannot", "can not", "can't", "could not", "couldn't", "may not", "mig
 HARD_TO = ["difficult to", "hard to", "unable to", "not possible to", "impossible to"]
 for _m, _v in itertools.product(MODALS, REPRESENTING):
     CURATED.append((f"{_m} {_v}", "possible", "forward"))
+# A hedge before a phrase that links a finding to its reading ("possibly consistent with", "may be compatible
+# with") hedges the reading: the longer cue hides the link, which alone ends a scope.
+for _h, _link in itertools.product(["possibly", "may be", "might be", "could be"], ["consistent with", "compatible with"]):
+    CURATED.append((f"{_h} {_link}", "possible", "forward"))
 for _d in DEGREE:
     for _verb in ["exclude", "rule out"]:
         for _n in CANNOT[:5]:

@@ -63,12 +63,21 @@ pub struct Assertion {
     pub historical: bool,
     pub family: bool,
     pub hypothetical: bool,
+    /// Uncertain only because the finding is named in a differential ("atelectasis versus pneumonia"), with no
+    /// other hedge: `uncertain` is set too. A variable with `differential_is_present` counts it as present.
+    pub differential: bool,
 }
 
 impl Assertion {
     /// Affirmed: about the patient, now, and neither negated nor uncertain nor hypothetical.
     pub fn is_affirmed(&self) -> bool {
         !(self.negated || self.uncertain || self.historical || self.family || self.hypothetical)
+    }
+
+    /// Whether it votes uncertain: uncertain (unless only by a differential that counts as present) or
+    /// hypothetical.
+    pub fn votes_uncertain(&self, differential_is_present: bool) -> bool {
+        self.uncertain && !(self.differential && differential_is_present) || self.hypothetical
     }
 
     /// The flags that are set, as short names (`neg unc hist fam hyp`), or `aff` when none is.

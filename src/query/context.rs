@@ -191,13 +191,18 @@ pub struct Context {
 pub struct Rules {
     pub decision: Decision,
     pub historical_is_present: bool,
+    pub differential_is_present: bool,
 }
 
 impl Rules {
     pub fn of(variable: Option<&Variable>) -> Rules {
         match variable {
-            Some(v) => Rules { decision: v.def.decision, historical_is_present: v.def.historical_is_present },
-            None => Rules { decision: Decision::Weighted, historical_is_present: true },
+            Some(v) => Rules {
+                decision: v.def.decision,
+                historical_is_present: v.def.historical_is_present,
+                differential_is_present: v.def.differential_is_present,
+            },
+            None => Rules { decision: Decision::Weighted, historical_is_present: true, differential_is_present: false },
         }
     }
 }
@@ -442,7 +447,7 @@ pub fn vote(votes: impl Iterator<Item = (usize, Assertion, f32)>, rules: Rules) 
         }
         let slot = if a.negated {
             2
-        } else if a.uncertain || a.hypothetical {
+        } else if a.votes_uncertain(rules.differential_is_present) {
             1
         } else if !a.historical || rules.historical_is_present {
             0
@@ -1011,7 +1016,7 @@ pub(crate) mod tests {
 
     #[test]
     fn vote_weights_and_family_mentions() {
-        let rules = Rules { decision: Decision::Weighted, historical_is_present: true };
+        let rules = Rules { decision: Decision::Weighted, historical_is_present: true, differential_is_present: false };
         let neg = Assertion { negated: true, ..Default::default() };
         let fam = Assertion { family: true, ..Default::default() };
         let a = vote([(0, Assertion::default(), 0.5), (1, neg, 0.9), (2, fam, 1.0)].into_iter(), rules);
@@ -1021,5 +1026,12 @@ pub(crate) mod tests {
         let any = Rules { decision: Decision::AnyPresent, ..rules };
         assert_eq!(vote([(0, Assertion::default(), 0.5), (1, neg, 0.9)].into_iter(), any).status, Label::Present);
         assert_eq!(vote([(0, fam, 1.0)].into_iter(), rules).status, Label::NotMentioned);
+        // A differential with no other hedge: uncertain, or present where the variable counts it.
+        let dx = Assertion { uncertain: true, differential: true, ..Default::default() };
+        let hedged = Assertion { uncertain: true, ..Default::default() };
+        assert_eq!(vote([(0, dx, 1.0)].into_iter(), any).status, Label::Uncertain);
+        let coded = Rules { differential_is_present: true, ..any };
+        assert_eq!(vote([(0, dx, 1.0)].into_iter(), coded).status, Label::Present);
+        assert_eq!(vote([(0, hedged, 1.0)].into_iter(), coded).status, Label::Uncertain);
     }
 }

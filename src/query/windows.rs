@@ -91,6 +91,9 @@ pub struct StoredMention {
     pub historical: bool,
     pub family: bool,
     pub hypothetical: bool,
+    /// `Assertion::differential` (absent in windows stored before it: false).
+    #[serde(default)]
+    pub differential: bool,
 }
 
 impl StoredWindow {
@@ -165,6 +168,7 @@ pub fn build(
                         historical: a.historical,
                         family: a.family,
                         hypothetical: a.hypothetical,
+                        differential: a.differential,
                     }
                 })
                 .collect();
@@ -239,6 +243,7 @@ impl WindowNote {
                         historical: m.historical,
                         family: m.family,
                         hypothetical: m.hypothetical,
+                        differential: m.differential,
                     },
                 })
             })

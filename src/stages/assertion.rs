@@ -32,6 +32,9 @@ const CUES_TSV: &str = include_str!("../../data/context/cues.tsv");
 pub enum Category {
     Negated,
     Possible,
+    /// A differential between findings ("versus"): uncertain, and marked `Assertion::differential` when no other
+    /// hedge applies.
+    Differential,
     Hypothetical,
     Historical,
     Family,
@@ -95,6 +98,7 @@ impl ContextRules {
             let category = match category {
                 "negated" => Category::Negated,
                 "possible" => Category::Possible,
+                "differential" => Category::Differential,
                 "hypothetical" => Category::Hypothetical,
                 "historical" => Category::Historical,
                 "family" => Category::Family,
@@ -264,6 +268,8 @@ fn assert_with_cues(
         .enumerate()
         .map(|(i, &(ms, me))| {
             let mut a = Assertion::default();
+            // Uncertain by a hedge, or only by a differential.
+            let (mut hedged, mut differential) = (false, false);
             for (k, h) in hits.iter().enumerate() {
                 for cue in &rules.cues[h.phrase as usize] {
                     let covers = h.start <= ms && me <= h.end;
@@ -282,7 +288,8 @@ fn assert_with_cues(
                     }
                     match cue.category {
                         Category::Negated => a.negated = true,
-                        Category::Possible => a.uncertain = true,
+                        Category::Possible => hedged = true,
+                        Category::Differential => differential = true,
                         Category::Hypothetical => a.hypothetical = true,
                         Category::Historical => a.historical = true,
                         Category::Family => a.family = true,
@@ -294,8 +301,13 @@ fn assert_with_cues(
                 a.negated = true;
             }
             if !a.negated && in_disjunction(&groups, i, mentions, kinds) {
-                a.uncertain = true;
+                hedged = true;
             }
+            if !a.negated && kinds[i].is_finding() && through_projection(text, ms, me, s1) {
+                hedged = true;
+            }
+            a.uncertain = hedged || differential;
+            a.differential = differential && !hedged && !a.negated;
             a
         })
         .collect()
@@ -492,6 +504,25 @@ fn alike(a: EntityKind, b: EntityKind) -> bool {
     a != EntityKind::Anatomy && (a == b || a.is_finding() && b.is_finding())
 }
 
+/// Nouns of a radiograph's projected outline. A finding stated through one ("the cardiac silhouette is enlarged",
+/// "enlarged cardiac contour") is a sign of it, not the finding: the outline takes in more than the organ (an
+/// enlarged cardiac silhouette is a cardiomegaly or a pericardial effusion), so the finding is possible.
+const PROJECTIONS: &[&str] = &["silhouette", "silhouettes", "shadow", "shadows", "contour", "contours", "outline"];
+
+/// Whether the mention `text[ms..me]` states its finding through a projected outline (`PROJECTIONS`): one of its
+/// words, or the word right after it (the noun its last word qualifies: "enlarged cardiac | contour").
+fn through_projection(text: &str, ms: usize, me: usize, sentence_end: usize) -> bool {
+    let is_projection = |w: &str| PROJECTIONS.iter().any(|p| w.eq_ignore_ascii_case(p));
+    if text[ms..me].split(|c: char| !c.is_alphanumeric()).any(is_projection) {
+        return true;
+    }
+    // Only a noun that follows the mention's last word directly (one space between), not one past punctuation.
+    text[me..sentence_end.max(me)]
+        .strip_prefix(' ')
+        .and_then(|after| after.split(|c: char| !c.is_alphanumeric()).next())
+        .is_some_and(is_projection)
+}
+
 /// `X: none`, `X - negative`, `X: denied`, `X: absent`, `X: no`.
 fn colon_none_follows(after: &str) -> bool {
     let rest = after.trim_start_matches([' ', '\t']);
@@ -628,6 +659,58 @@ mod tests {
         let kinds: Vec<EntityKind> = mentions.iter().map(|&(_, k)| k).collect();
         let (rules, p) = (ContextRules::builtin(), &AssertionParams::default());
         assert_sentence(sentence, (0, sentence.len()), &spans, &kinds, rules, p)
+    }
+
+    /// A finding stated through a radiograph's projected outline is a sign of it, and possible: the projection
+    /// noun inside the mention or right after it. A negation wins; the organ itself, another word after the
+    /// mention, or a projection noun past punctuation leaves it asserted; a site is never hedged.
+    #[test]
+    fn a_finding_stated_through_its_outline_is_possible() {
+        for (sentence, mention) in [
+            ("The cardiac silhouette is moderately enlarged.", "cardiac silhouette is moderately enlarged"),
+            ("Stable enlarged cardiac contour.", "enlarged cardiac"),
+            ("Enlarged cardiomediastinal silhouettes.", "Enlarged cardiomediastinal"),
+            ("Enlargement of the cardiac shadow.", "Enlargement of the cardiac shadow"),
+        ] {
+            let a = assert_one(sentence, mention);
+            assert!(a.uncertain && !a.negated && !a.differential, "{sentence}: {a:?}");
+        }
+        for (sentence, mention) in [
+            ("The heart is moderately enlarged.", "heart is moderately enlarged"),
+            ("Enlarged cardiac size, stable contour.", "Enlarged cardiac"),
+            ("Enlarged heart. Silhouette otherwise normal.", "Enlarged heart"),
+        ] {
+            assert!(assert_one(sentence, mention).is_affirmed(), "{sentence}");
+        }
+        let negated = assert_one("No enlarged cardiac silhouette.", "enlarged cardiac silhouette");
+        assert!(negated.negated && !negated.uncertain, "{negated:?}");
+        let site = assert_kinds("Cardiac silhouette enlarged.", &[("Cardiac", EntityKind::Anatomy)]);
+        assert!(site[0].is_affirmed(), "{site:?}");
+    }
+
+    /// A finding named in a differential ("A versus B") is uncertain, and marked as uncertain only by the
+    /// differential unless another hedge (a modal, a question, a list of alternatives, a projected outline) applies.
+    #[test]
+    fn a_differential_is_uncertain_and_marked_as_such() {
+        for (sentence, mention) in [
+            ("Small left pleural effusion versus pleural thickening.", "pleural effusion"),
+            ("Pleural thickening versus small effusion.", "effusion"),
+            ("Atelectasis vs. pneumonia in the left base.", "pneumonia"),
+        ] {
+            let a = assert_one(sentence, mention);
+            assert!(a.uncertain && a.differential, "{sentence}: {a:?}");
+        }
+        for (sentence, mention) in [
+            ("This may represent pleural effusion versus pleural thickening.", "pleural effusion"),
+            ("Question small right pleural effusion versus pleural thickening.", "pleural effusion"),
+            ("Enlarged cardiac silhouette versus pericardial effusion.", "Enlarged cardiac"),
+        ] {
+            let a = assert_one(sentence, mention);
+            assert!(a.uncertain && !a.differential, "{sentence}: {a:?}");
+        }
+        let negated = assert_one("No effusion versus prior.", "effusion");
+        assert!(!negated.differential, "{negated:?}");
+        assert!(assert_one("Effusion, stable since the prior study.", "Effusion").is_affirmed());
     }
 
     /// Findings offered as alternatives ("A or B", "A, B or C") are not asserted; a negation still wins; a

@@ -571,7 +571,7 @@ fn evaluate_one(
             }
             if a.negated {
                 absent += weight;
-            } else if a.uncertain || a.hypothetical {
+            } else if a.votes_uncertain(v.def.differential_is_present) {
                 uncertain += weight;
             } else if !a.historical || v.def.historical_is_present {
                 present += weight;
