@@ -266,7 +266,9 @@ for _m, _v in itertools.product(MODALS, REPRESENTING):
     CURATED.append((f"{_m} {_v}", "possible", "forward"))
 # A hedge before a phrase that links a finding to its reading ("possibly consistent with", "may be compatible
 # with") hedges the reading: the longer cue hides the link, which alone ends a scope.
-for _h, _link in itertools.product(["possibly", "may be", "might be", "could be"], ["consistent with", "compatible with"]):
+HEDGES = ["possibly", "may be", "might be", "could be"]
+LINKS = ["consistent with", "compatible with"]
+for _h, _link in itertools.product(HEDGES, LINKS):
     CURATED.append((f"{_h} {_link}", "possible", "forward"))
 for _d in DEGREE:
     for _verb in ["exclude", "rule out"]:
