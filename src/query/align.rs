@@ -544,12 +544,20 @@ pub fn align(
     let runs: Vec<String> = phrases(question).into_iter().skip(1).collect();
     // A compound said in plain words ("air in the pleural space") names its concept as surely as the term does.
     let glossed = lexicon.glosses().map(|g| g.find(question, 0, question.len())).unwrap_or_default();
+    // Targets made certain by a gloss alone (no term of theirs spans a phrase of the question).
+    let mut by_gloss: Vec<Target> = Vec::new();
+    let mut by_term: Vec<Target> = Vec::new();
     for (m, gloss) in
         lexicon.find(question).into_iter().map(|m| (m, false)).chain(glossed.into_iter().map(|m| (m, true)))
     {
         let target = variable_of(m.concept).map_or(Target::Concept(m.concept), Target::Variable);
         let matched = question[m.start..m.end].to_lowercase();
         let whole = gloss || runs.contains(&matched);
+        match (gloss, whole) {
+            (true, _) => by_gloss.push(target),
+            (false, true) => by_term.push(target),
+            (false, false) => {}
+        }
         let entry = scores.entry(target).or_insert((0.0, Found::Lexicon));
         entry.1 = Found::Lexicon;
         entry.0 = if whole { 1.0 } else { entry.0.max(params.context_min_score) };
@@ -569,6 +577,29 @@ pub fn align(
         .take(params.max_targets)
         .map(|r| r.0)
         .collect();
+    // The entities the patient's notes mention (all, when the caller gives none).
+    let mentioned = |t: Target| match (t, present) {
+        (_, None) => true,
+        (Target::Concept(c), Some(p)) => p.contains(&c),
+        (Target::Variable(i), Some(p)) => variables[i].targets().iter().any(|c| p.contains(c)),
+    };
+    // A description in plain words matched to a compound by its gloss ("fluid in the pleural space": hydro·thorax)
+    // is certain of the construction, not of which finding the reports name it by. Where the patient's notes
+    // mention none of the answer targets and each was found by a gloss alone, the nearest configured variable by
+    // embedding that the notes do mention (≥ `min_score`) answers in their place.
+    let unmentioned = |t: Target| match (t, present) {
+        (_, None) => false,
+        (Target::Concept(c), Some(p)) => !lexicon.with_descendants(&[c]).iter().any(|d| p.contains(d)),
+        (Target::Variable(_), Some(_)) => !mentioned(t),
+    };
+    if !primary.is_empty()
+        && primary.iter().all(|&t| by_gloss.contains(&t) && !by_term.contains(&t) && unmentioned(t))
+        && let Some(v) = ranked.iter().find(|r| {
+            matches!(r.0, Target::Variable(_)) && r.2 == Found::Embedding && r.1 >= params.min_score && mentioned(r.0)
+        })
+    {
+        primary.push(v.0);
+    }
     // A configured variable among them is the curated form of the question's entity (its targets, synonyms and
     // rules): it answers alone rather than beside broad neighbours ("lung disease" and all its descendants).
     if primary.iter().any(|t| matches!(t, Target::Variable(_))) {
@@ -580,11 +611,6 @@ pub fn align(
     let named = chosen.len();
     // The nearest other labels among the entities the patient's notes mention (CLEAR on FHIR notes aligns the
     // question with the patient's own entities), or among all when the caller gives none.
-    let mentioned = |t: Target| match (t, present) {
-        (_, None) => true,
-        (Target::Concept(c), Some(p)) => p.contains(&c),
-        (Target::Variable(i), Some(p)) => variables[i].targets().iter().any(|c| p.contains(c)),
-    };
     chosen.extend(
         ranked
             .iter()
@@ -725,6 +751,55 @@ mod tests {
         // Without the glosses the question names no finding.
         let b = align(question, &[], &lex, &vars, &LabelIndex::default(), None, AlignParams::default());
         assert_eq!(b.variable, None, "{:?}", b.aligned);
+    }
+
+    #[test]
+    fn a_gloss_the_notes_never_name_yields_to_the_nearest_variable_they_mention() {
+        // The pleural effusion variable without its hand-written phrasings: "fluid in the pleural space" is then
+        // found only as the gloss of hydro·thorax, a concept of its own.
+        let s = crate::config::Settings::load_from(None, Some(Default::default())).unwrap();
+        let mut defs = s.clear.variables.clone();
+        defs.iter_mut().filter(|d| d.name == "pleural_effusion").for_each(|d| d.synonyms.clear());
+        let (lex, vars) = crate::stages::clear::compile(&defs, 150, 1024, &Lexicon::builtin()).unwrap();
+        let glossed = lex.with_extra(&[]).unwrap().with_glosses(crate::lexicon::gloss::Glosses::builtin(&lex));
+        let pe = vars.iter().position(|v| v.name() == "pleural_effusion").unwrap();
+        let hydro = glossed.concept_index("MESH:D006876").unwrap();
+        assert!(!vars[pe].targets().contains(&hydro), "hydrothorax is no target of the variable here");
+        let effusion = glossed.concept_index("MESH:D010996").unwrap();
+        let labels = vec![
+            (Target::Variable(pe), "pleural effusion".to_string()),
+            (Target::Concept(hydro), "hydrothorax".to_string()),
+        ];
+        let index = toy_index(&labels, &|t| if t == "pleural effusion" { 1 } else { 2 });
+        let question = "Is there fluid in the pleural space?";
+        let ask = |q: Vec<f32>, present: Option<&std::collections::HashSet<u32>>| {
+            align(question, &[q], &glossed, &vars, &index, present, AlignParams::default())
+        };
+        let near = vec![0.0, 0.8, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0]; // the variable's label at 0.8
+        // The notes name the effusion, never the compound: the variable answers, the compound is context.
+        let notes: std::collections::HashSet<u32> = [effusion].into();
+        let a = ask(near.clone(), Some(&notes));
+        assert_eq!(a.variable, Some(pe), "{:?}", a.aligned);
+        assert!(a.answer_concepts.contains(&effusion) && !a.answer_concepts.contains(&hydro), "{:?}", a.aligned);
+        assert!(a.aligned.iter().any(|x| x.target == Target::Concept(hydro) && !x.answer), "{:?}", a.aligned);
+        // Notes that name the compound: it answers itself.
+        let named: std::collections::HashSet<u32> = [hydro, effusion].into();
+        let b = ask(near.clone(), Some(&named));
+        assert_eq!(b.variable, None, "{:?}", b.aligned);
+        assert!(b.answer_concepts.contains(&hydro), "{:?}", b.aligned);
+        // Notes that name neither: nothing to yield to; the gloss stays the answer target.
+        let neither = std::collections::HashSet::new();
+        let c = ask(near.clone(), Some(&neither));
+        assert_eq!(c.variable, None, "{:?}", c.aligned);
+        assert!(c.answer_concepts.contains(&hydro));
+        // A variable too far from the question (below `min_score`) does not answer.
+        let far = vec![0.0, 0.5, 0.866, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let d = ask(far, Some(&notes));
+        assert_eq!(d.variable, None, "{:?}", d.aligned);
+        // Without the patient's entities (a search over all patients) the gloss answers as before.
+        let e = ask(near, None);
+        assert_eq!(e.variable, None, "{:?}", e.aligned);
+        assert!(e.answer_concepts.contains(&hydro));
     }
 
     #[test]
