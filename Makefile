@@ -33,7 +33,7 @@ help:
 	@echo "make bench-e2e  Kafka end to end (1 and 2 workers, indexing on); make bench-rss  RSS over 5 minutes, text-only and indexing"
 	@echo "make bench-retrieval  qa-set retrieval of exact SEOS, composed and the int8 model (bench step 8)"
 	@echo "make bench-capacity   the worker around the model: synthetic embedder end to end vs text stages vs store writes (bench step 9)"
-	@echo "make eval   quality on the labelled sets in SHARED (default ../shared)"
+	@echo "make eval   quality on the labelled sets in SHARED (default ../shared), and the qa set's second set (bench/qa_second_set.py)"
 	@echo "make vocab  rebuild data/ (sections, lexicon, cues) from the vocabularies in SHARED"
 	@echo "make fuzz   run the cargo-fuzz targets for FUZZ_SECONDS each (needs the nightly toolchain)"
 	@echo "make chaos  full-size fault runs (kill storms with indexing, a minute without Qdrant, a minute without the broker); prints FIGURES lines"
@@ -161,6 +161,9 @@ eval: lab
 	$(LAB) eval sdoh --csv $(SHARED)/eval/sdoh-nli/sdoh_nli_validation.csv
 	$(LAB) eval qa --documents $(SHARED)/eval/qa/documents.ndjson --questions $(SHARED)/eval/qa/questions.jsonl \
 	  --budget 1024 --cache-dir $(CARGO_TARGET_DIR)/qa-cache
+	python3 bench/qa_second_set.py $(SHARED) $(CARGO_TARGET_DIR)/qa-second
+	$(LAB) eval qa --documents $(CARGO_TARGET_DIR)/qa-second/documents.ndjson \
+	  --questions $(CARGO_TARGET_DIR)/qa-second/questions.jsonl --budget 1024 --cache-dir $(CARGO_TARGET_DIR)/qa-second-cache
 
 # All benchmarks on the MTSamples notes in SHARED (docs/benchmarks.md; about 30 minutes on 2 cores): text stages
 # beside medSpaCy, embedding vs bare ORT, Kafka end to end, RSS. Quicker: BENCH_LIMIT=N E2E_NOTES=0 RSS_SECONDS=0.

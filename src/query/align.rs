@@ -585,15 +585,16 @@ pub fn align(
     };
     // A description in plain words matched to a compound by its gloss ("fluid in the pleural space": hydro·thorax)
     // is certain of the construction, not of which finding the reports name it by. Where the patient's notes
-    // mention none of the answer targets and each was found by a gloss alone, the nearest configured variable by
-    // embedding that the notes do mention (≥ `min_score`) answers in their place.
-    let unmentioned = |t: Target| match (t, present) {
-        (_, None) => false,
+    // mention none of the answer targets, each was found by a gloss alone and none is a configured variable, the
+    // nearest configured variable by embedding that the notes do mention (≥ `min_score`) answers in their place.
+    // A gloss that lands on a variable ("air in the pleural space": pneumothorax) is that variable's question: notes
+    // that never name it answer "not mentioned", whatever else they name.
+    let unmentioned_concept = |t: Target| match (t, present) {
         (Target::Concept(c), Some(p)) => !lexicon.with_descendants(&[c]).iter().any(|d| p.contains(d)),
-        (Target::Variable(_), Some(_)) => !mentioned(t),
+        _ => false,
     };
     if !primary.is_empty()
-        && primary.iter().all(|&t| by_gloss.contains(&t) && !by_term.contains(&t) && unmentioned(t))
+        && primary.iter().all(|&t| by_gloss.contains(&t) && !by_term.contains(&t) && unmentioned_concept(t))
         && let Some(v) = ranked.iter().find(|r| {
             matches!(r.0, Target::Variable(_)) && r.2 == Found::Embedding && r.1 >= params.min_score && mentioned(r.0)
         })
@@ -800,6 +801,29 @@ mod tests {
         let e = ask(near, None);
         assert_eq!(e.variable, None, "{:?}", e.aligned);
         assert!(e.answer_concepts.contains(&hydro));
+    }
+
+    #[test]
+    fn a_gloss_that_lands_on_a_variable_answers_for_it_even_when_the_notes_never_name_it() {
+        let (lex, vars) = lexicon_and_variables();
+        let glossed = lex.with_extra(&[]).unwrap().with_glosses(crate::lexicon::gloss::Glosses::builtin(&lex));
+        let ptx = vars.iter().position(|v| v.name() == "pneumothorax").unwrap();
+        let pe = vars.iter().position(|v| v.name() == "pleural_effusion").unwrap();
+        let effusion = glossed.concept_index("MESH:D010996").unwrap();
+        assert!(vars[pe].targets().contains(&effusion) && !vars[ptx].targets().contains(&effusion));
+        // The effusion variable is near the question by embedding (0.8 ≥ min_score) and the notes name it.
+        let labels = vec![
+            (Target::Variable(pe), "pleural effusion".to_string()),
+            (Target::Variable(ptx), "pneumothorax".to_string()),
+        ];
+        let index = toy_index(&labels, &|t| if t == "pleural effusion" { 1 } else { 2 });
+        let notes: std::collections::HashSet<u32> = [effusion].into();
+        let near = vec![0.0, 0.8, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let question = "Is there air in the pleural space?";
+        let a = align(question, &[near], &glossed, &vars, &index, Some(&notes), AlignParams::default());
+        assert_eq!(a.variable, Some(ptx), "{:?}", a.aligned);
+        assert!(!a.answer_concepts.contains(&effusion), "{:?}", a.aligned);
+        assert!(a.aligned.iter().any(|x| x.target == Target::Variable(pe) && !x.answer), "{:?}", a.aligned);
     }
 
     #[test]
