@@ -525,7 +525,8 @@ pub fn phrases(question: &str) -> Vec<String> {
 /// gloss ("air in the pleural space", the lexicon's glosses) is certain (1);
 /// a match inside a longer phrase ("lung" in "lung collapsed") only makes its target a candidate, scored by
 /// embedding like every other label. Answer targets: scores ≥ `min_score` within `margin` of the best, at most
-/// `max_targets`, anatomy only when nothing else qualifies (a body part is where, not what). Context targets: the
+/// `max_targets`, anatomy only when nothing else qualifies (a body part is where, not what), and never a concept
+/// found by embedding whose label shares with the question only the words that name a body part. Context targets: the
 /// answer targets plus the next candidates ≥ `context_min_score` (at most `max_context`), so the windows also
 /// cover what the question's words point at without being the answer ("the lungs are clear").
 pub fn align(
@@ -547,9 +548,8 @@ pub fn align(
     // Targets made certain by a gloss alone (no term of theirs spans a phrase of the question).
     let mut by_gloss: Vec<Target> = Vec::new();
     let mut by_term: Vec<Target> = Vec::new();
-    for (m, gloss) in
-        lexicon.find(question).into_iter().map(|m| (m, false)).chain(glossed.into_iter().map(|m| (m, true)))
-    {
+    let matches = lexicon.find(question);
+    for (m, gloss) in matches.iter().cloned().map(|m| (m, false)).chain(glossed.into_iter().map(|m| (m, true))) {
         let target = variable_of(m.concept).map_or(Target::Concept(m.concept), Target::Variable);
         let matched = question[m.start..m.end].to_lowercase();
         let whole = gloss || runs.contains(&matched);
@@ -566,9 +566,36 @@ pub fn align(
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     ranked.retain(|r| r.1 >= params.context_min_score);
     let is_anatomy = |t: Target| is_anatomy(lexicon, t);
+    // The question's words that name a body part ("chest" in "a chest infection"). A concept found by embedding whose
+    // label meets the question in those words alone ("chest pain") is near it for the where, not the what: it is
+    // context, never the answer.
+    let site_terms: std::collections::HashSet<u32> = matches
+        .iter()
+        .filter(|m| is_anatomy(Target::Concept(m.concept)))
+        .flat_map(|m| crate::store::bm25::terms(&question[m.start..m.end]))
+        .collect();
+    let question_terms: std::collections::HashSet<u32> = if site_terms.is_empty() {
+        Default::default()
+    } else {
+        crate::store::bm25::terms(question).into_iter().collect()
+    };
+    let by_site_alone = |r: &(Target, f32, Found)| match *r {
+        (Target::Concept(c), _, Found::Embedding) if !site_terms.is_empty() => {
+            let shared: Vec<u32> = crate::store::bm25::terms(&lexicon.concept(c).preferred)
+                .into_iter()
+                .filter(|t| question_terms.contains(t))
+                .collect();
+            !shared.is_empty() && shared.iter().all(|t| site_terms.contains(t))
+        }
+        _ => false,
+    };
     let answerable: Vec<&(Target, f32, Found)> = {
-        let findings: Vec<_> = ranked.iter().filter(|r| !is_anatomy(r.0)).collect();
-        if findings.first().is_some_and(|r| r.1 >= params.min_score) { findings } else { ranked.iter().collect() }
+        let findings: Vec<_> = ranked.iter().filter(|r| !is_anatomy(r.0) && !by_site_alone(r)).collect();
+        if findings.first().is_some_and(|r| r.1 >= params.min_score) {
+            findings
+        } else {
+            ranked.iter().filter(|r| !by_site_alone(r)).collect()
+        }
     };
     let best = answerable.first().map_or(0.0, |r| r.1);
     let mut primary: Vec<Target> = answerable
@@ -801,6 +828,29 @@ mod tests {
         let e = ask(near, None);
         assert_eq!(e.variable, None, "{:?}", e.aligned);
         assert!(e.answer_concepts.contains(&hydro));
+    }
+
+    #[test]
+    fn a_label_that_meets_the_question_only_in_its_body_part_is_context_not_the_answer() {
+        let (lex, vars) = lexicon_and_variables();
+        let pain = Target::Concept(lex.concept_index("MESH:D002637").unwrap()); // "Chest Pain"
+        let bronchitis = Target::Concept(lex.concept_index("DOID:6132").unwrap()); // "bronchitis"
+        let labels = vec![(pain, "Chest Pain".to_string()), (bronchitis, "bronchitis".to_string())];
+        let index = toy_index(&labels, &|t| if t == "Chest Pain" { 1 } else { 2 });
+        let ask =
+            |question: &str, q: Vec<f32>| align(question, &[q], &lex, &vars, &index, None, AlignParams::default());
+        // "chest" names the thorax: chest pain shares only that word with the question, so it is context.
+        let near_pain = vec![0.0, 0.8, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let a = ask("Is there a chest infection?", near_pain.clone());
+        assert!(a.answer_concepts.is_empty(), "{:?}", a.aligned);
+        assert!(a.aligned.iter().any(|x| x.target == pain && !x.answer), "{:?}", a.aligned);
+        // A label that shares no word with the question answers by embedding as before.
+        let near_bronchitis = vec![0.0, 0.6, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let b = ask("Is there a chest infection?", near_bronchitis);
+        assert!(b.aligned.iter().any(|x| x.target == bronchitis && x.answer), "{:?}", b.aligned);
+        // A question that names no body part is unaffected: the nearest label answers.
+        let c = ask("Is the pain severe?", near_pain);
+        assert!(c.aligned.iter().any(|x| x.target == pain && x.answer), "{:?}", c.aligned);
     }
 
     #[test]

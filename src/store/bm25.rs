@@ -18,6 +18,13 @@ pub fn sparse_document(bm25: &EdgeBm25, text: &str) -> Sparse {
     Sparse { indices: v.indices, values: v.values }
 }
 
+/// The terms of a text as BM25 counts them (Qdrant's tokenizer, stemmer and stopwords; ids), for comparing the
+/// words of two texts ("lungs" and "lung" are one term, "the" none).
+pub fn terms(text: &str) -> Vec<u32> {
+    static ENCODER: std::sync::OnceLock<Option<EdgeBm25>> = std::sync::OnceLock::new();
+    ENCODER.get_or_init(|| encoder(256.0).ok()).as_ref().map(|b| b.embed_query(text).indices).unwrap_or_default()
+}
+
 pub fn sparse_query(bm25: &EdgeBm25, text: &str) -> Sparse {
     let v = bm25.embed_query(text);
     Sparse { indices: v.indices, values: v.values }
