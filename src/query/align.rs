@@ -590,12 +590,9 @@ pub fn align(
         _ => false,
     };
     let answerable: Vec<&(Target, f32, Found)> = {
-        let findings: Vec<_> = ranked.iter().filter(|r| !is_anatomy(r.0) && !by_site_alone(r)).collect();
-        if findings.first().is_some_and(|r| r.1 >= params.min_score) {
-            findings
-        } else {
-            ranked.iter().filter(|r| !by_site_alone(r)).collect()
-        }
+        let eligible: Vec<_> = ranked.iter().filter(|r| !by_site_alone(r)).collect();
+        let findings: Vec<_> = eligible.iter().copied().filter(|r| !is_anatomy(r.0)).collect();
+        if findings.first().is_some_and(|r| r.1 >= params.min_score) { findings } else { eligible }
     };
     let best = answerable.first().map_or(0.0, |r| r.1);
     let mut primary: Vec<Target> = answerable
