@@ -76,8 +76,13 @@ fn compounds_are_found_by_their_parts_plain_words() {
         let r = result(&off, text, variable);
         assert_eq!(r.label, Label::NotMentioned, "gloss off: {variable} in {text:?}: {r:?}");
     }
-    // A negation between the parts is no gloss (and hides no cue inside a span); other variables are untouched.
-    assert_eq!(result(&on, "FINDINGS: The heart is not enlarged.\n", "cardiomegaly").label, Label::NotMentioned);
+    // A negation between the parts denies the compound (the match is the later part, the cue before it).
+    for text in ["FINDINGS: The heart is not enlarged.\n", "FINDINGS: The pleural spaces are without air.\n"] {
+        let variable = if text.contains("heart") { "cardiomegaly" } else { "pneumothorax" };
+        assert_eq!(result(&on, text, variable).label, Label::Absent, "{text:?}");
+        assert_eq!(result(&off, text, variable).label, Label::NotMentioned, "gloss off: {text:?}");
+    }
+    // Other variables are untouched.
     assert_eq!(
         result(&on, "FINDINGS: Small right pleural air collection.\n", "pleural_effusion").label,
         Label::NotMentioned

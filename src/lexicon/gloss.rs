@@ -9,9 +9,10 @@
 //! plain words for it). Every one-word disease or symptom term that is exactly one prefix form then one suffix form
 //! becomes a *gloss*: two word sets. Out (`find`, per sentence): a match wherever a word of one set and a word of
 //! the other stand at most `MAX_GAP` words apart, with nothing between them that ends the phrase (punctuation
-//! other than a hyphen or apostrophe, a coordinator, a negation — "the heart is not enlarged" is no match, so no
-//! negation is hidden inside a span); the concept is the compound term's. Nearest partner first, then
-//! non-overlapping, leftmost. Pure; cannot fail once built.
+//! other than a hyphen or apostrophe, a coordinator); the concept is the compound term's. A negation between the
+//! parts ("the heart is not enlarged", "pleural spaces without air") keeps them one phrase, and the match is then
+//! the later part alone, so the cue stands before the span, where the assertion stage reads it, never inside it.
+//! Nearest partner first, then non-overlapping, leftmost. Pure; cannot fail once built.
 
 use super::compile::{NONE, Vocab};
 use super::matcher::Prepared;
@@ -24,8 +25,10 @@ pub const COMBINING_FORMS_TSV: &str = include_str!("../../data/lexicon/combining
 pub const MAX_GAP: usize = 3;
 
 /// Words that end a phrase: the parts on either side belong to different phrases.
-const BREAKERS: &[&str] =
-    &["and", "or", "nor", "but", "with", "without", "versus", "vs", "no", "not", "than", "except"];
+const BREAKERS: &[&str] = &["and", "or", "nor", "but", "with", "versus", "vs", "than", "except"];
+
+/// Negations that may stand between the parts: the phrase names the compound, denied.
+const NEGATIONS: &[&str] = &["no", "not", "without"];
 
 /// The glosses of a lexicon's compound terms.
 #[derive(Debug, Default)]
@@ -220,7 +223,8 @@ impl Glosses {
         for (a, h) in hits.iter().enumerate() {
             let parts = &self.parts[h.word as usize];
             for other in &hits[a + 1..] {
-                if !gap_ok(&text[h.end..other.start]) {
+                let joined = gap(&text[h.end..other.start]);
+                if joined == Gap::Breaks {
                     break;
                 }
                 let other_parts = &self.parts[other.word as usize];
@@ -228,7 +232,9 @@ impl Glosses {
                     other_parts.iter().any(|&(g2, part2)| g2 == g && part2 != part).then_some(g)
                 });
                 if let Some(g) = hit {
-                    found.push(TermMatch { start: h.start, end: other.end, concept: self.glosses[g as usize].0 });
+                    // Denied between the parts: the later part alone, its cue before it.
+                    let start = if joined == Gap::Negated { other.start } else { h.start };
+                    found.push(TermMatch { start, end: other.end, concept: self.glosses[g as usize].0 });
                     break;
                 }
             }
@@ -251,23 +257,34 @@ impl Glosses {
     }
 }
 
-/// Whether the text between two gloss words keeps them in one phrase: at most `MAX_GAP` words, no breaker word,
-/// no punctuation but hyphens and apostrophes.
-fn gap_ok(gap: &str) -> bool {
+/// How the text between two gloss words joins them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gap {
+    /// Different phrases: more than `MAX_GAP` words, a breaker word, or punctuation but hyphens and apostrophes.
+    Breaks,
+    /// One phrase.
+    Joins,
+    /// One phrase with a negation in it ("is not").
+    Negated,
+}
+
+fn gap(text: &str) -> Gap {
     let mut words = 0;
-    for piece in gap.split(|c: char| c.is_whitespace() || c == '-' || c == '\'') {
+    let mut negated = false;
+    for piece in text.split(|c: char| c.is_whitespace() || c == '-' || c == '\'') {
         if piece.is_empty() {
             continue;
         }
         if !piece.chars().all(char::is_alphanumeric) {
-            return false;
+            return Gap::Breaks;
         }
         words += 1;
         if words > MAX_GAP || BREAKERS.iter().any(|b| piece.eq_ignore_ascii_case(b)) {
-            return false;
+            return Gap::Breaks;
         }
+        negated |= NEGATIONS.iter().any(|n| piece.eq_ignore_ascii_case(n));
     }
-    true
+    if negated { Gap::Negated } else { Gap::Joins }
 }
 
 #[cfg(test)]
@@ -325,7 +342,6 @@ mod tests {
     fn breakers_distance_and_other_sentences_stop_a_gloss() {
         let (lexicon, g) = glosses();
         for text in [
-            "The heart is not enlarged.",
             "No pleural effusion or air space disease.",
             "Heart size normal, large hiatal hernia.",
             "Air is seen in the bowel; the pleural spaces are clear.",
@@ -338,6 +354,31 @@ mod tests {
         let text = "The heart. Enlarged nodes.";
         assert!(g.find(text, 0, 10).is_empty() && g.find(text, 10, text.len()).is_empty());
         assert_eq!(g.find(text, 0, text.len()).len(), 0, "the full stop breaks it");
+    }
+
+    #[test]
+    fn a_negation_between_the_parts_leaves_the_later_part_as_the_match() {
+        let (lexicon, g) = glosses();
+        let cases = [
+            ("The heart is not enlarged.", "enlarged", "cardiomegaly"),
+            ("The heart is not significantly enlarged.", "enlarged", "cardiomegaly"),
+            ("The pleural spaces without air.", "air", "pneumothorax"),
+            ("Liver: not enlarged", "", ""), // the colon ends the phrase
+        ];
+        for (text, span, concept) in cases {
+            let f = found(&g, &lexicon, text);
+            if span.is_empty() {
+                assert!(f.is_empty(), "{text}: {f:?}");
+                continue;
+            }
+            assert_eq!(f.len(), 1, "{text}: {f:?}");
+            assert_eq!(f[0].0, span, "{text}");
+            assert!(f[0].1.contains(concept), "{text}: {f:?}");
+        }
+        // A breaker still ends the phrase, negated or not; so does the distance.
+        for text in ["The heart is not small and enlarged.", "The heart is not at all enlarged."] {
+            assert!(found(&g, &lexicon, text).is_empty(), "{text}: {:?}", found(&g, &lexicon, text));
+        }
     }
 
     /// The gloss words found from the matcher's split of a text are the automaton's whole-word matches: on real
