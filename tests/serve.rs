@@ -113,7 +113,8 @@ fn records() -> Vec<Vec<u8>> {
             "Patient/p2",
             "2024-02-01",
             "Radiology report",
-            "FINDINGS: Large right pneumothorax. No pleural effusion.\n\nIMPRESSION: Large right pneumothorax.",
+            "FINDINGS: Large right pneumothorax. No pleural effusion. The heart is not enlarged.\n\nIMPRESSION: Large \
+             right pneumothorax.",
         ),
     ]
 }
@@ -291,6 +292,17 @@ async fn serves_context_and_search(mut s: Settings) {
     let found = api.context(json!({"patient": "Patient/p2", "question": "Is there a pneumothorax?"})).await;
     assert_eq!(found["answer"]["status"], "present", "{found}");
     assert!(found["windows"].as_array().unwrap().iter().any(|w| w["path"] == "answer_target"), "{found}");
+    // A finding denied in plain words ("The heart is not enlarged"): absent, with the denial in its window.
+    let denied = api.context(json!({"patient": "Patient/p2", "question": "Is the heart enlarged?"})).await;
+    assert_eq!(denied["answer"]["status"], "absent", "{denied}");
+    assert!(
+        denied["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["path"] == "answer_target" && w["text"].as_str().unwrap().contains("The heart is not enlarged")),
+        "{denied}"
+    );
 
     // CPTF with the real token-importance model: each window cut to about half its tokens — its most important
     // words, the mentions and cues always — so the windows hold fewer tokens, and the answer is the same.
