@@ -10,9 +10,9 @@
 //! becomes a *gloss*: two word sets. Out (`find`, per sentence): a match wherever a word of one set and a word of
 //! the other stand at most `MAX_GAP` words apart, with nothing between them that ends the phrase (punctuation
 //! other than a hyphen or apostrophe, a coordinator); the concept is the compound term's. A negation between the
-//! parts ("the heart is not enlarged", "pleural spaces without air") keeps them one phrase, and the match is then
-//! the later part alone, so the cue stands before the span, where the assertion stage reads it, never inside it.
-//! Nearest partner first, then non-overlapping, leftmost. Pure; cannot fail once built.
+//! parts ("the heart is not enlarged", "pleural spaces without air") keeps them one phrase: the match spans it, and
+//! the mention stage (`stages::mentions`) starts the mention after any assertion cue inside, so that assertion reads
+//! it. Nearest partner first, then non-overlapping, leftmost. Pure; cannot fail once built.
 
 use super::compile::{NONE, Vocab};
 use super::matcher::Prepared;
@@ -24,11 +24,9 @@ pub const COMBINING_FORMS_TSV: &str = include_str!("../../data/lexicon/combining
 /// Words allowed between the two parts.
 pub const MAX_GAP: usize = 3;
 
-/// Words that end a phrase: the parts on either side belong to different phrases.
+/// Words that end a phrase: the parts on either side belong to different phrases. (A negation does not: "the heart
+/// is not enlarged" names the compound, denied.)
 const BREAKERS: &[&str] = &["and", "or", "nor", "but", "with", "versus", "vs", "than", "except"];
-
-/// Negations that may stand between the parts: the phrase names the compound, denied.
-const NEGATIONS: &[&str] = &["no", "not", "without"];
 
 /// The glosses of a lexicon's compound terms.
 #[derive(Debug, Default)]
@@ -223,8 +221,7 @@ impl Glosses {
         for (a, h) in hits.iter().enumerate() {
             let parts = &self.parts[h.word as usize];
             for other in &hits[a + 1..] {
-                let joined = gap(&text[h.end..other.start]);
-                if joined == Gap::Breaks {
+                if !gap_ok(&text[h.end..other.start]) {
                     break;
                 }
                 let other_parts = &self.parts[other.word as usize];
@@ -232,9 +229,7 @@ impl Glosses {
                     other_parts.iter().any(|&(g2, part2)| g2 == g && part2 != part).then_some(g)
                 });
                 if let Some(g) = hit {
-                    // Denied between the parts: the later part alone, its cue before it.
-                    let start = if joined == Gap::Negated { other.start } else { h.start };
-                    found.push(TermMatch { start, end: other.end, concept: self.glosses[g as usize].0 });
+                    found.push(TermMatch { start: h.start, end: other.end, concept: self.glosses[g as usize].0 });
                     break;
                 }
             }
@@ -257,34 +252,23 @@ impl Glosses {
     }
 }
 
-/// How the text between two gloss words joins them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gap {
-    /// Different phrases: more than `MAX_GAP` words, a breaker word, or punctuation but hyphens and apostrophes.
-    Breaks,
-    /// One phrase.
-    Joins,
-    /// One phrase with a negation in it ("is not").
-    Negated,
-}
-
-fn gap(text: &str) -> Gap {
+/// Whether the text between two gloss words keeps them in one phrase: at most `MAX_GAP` words, no breaker word,
+/// no punctuation but hyphens and apostrophes.
+fn gap_ok(gap: &str) -> bool {
     let mut words = 0;
-    let mut negated = false;
-    for piece in text.split(|c: char| c.is_whitespace() || c == '-' || c == '\'') {
+    for piece in gap.split(|c: char| c.is_whitespace() || c == '-' || c == '\'') {
         if piece.is_empty() {
             continue;
         }
         if !piece.chars().all(char::is_alphanumeric) {
-            return Gap::Breaks;
+            return false;
         }
         words += 1;
         if words > MAX_GAP || BREAKERS.iter().any(|b| piece.eq_ignore_ascii_case(b)) {
-            return Gap::Breaks;
+            return false;
         }
-        negated |= NEGATIONS.iter().any(|n| piece.eq_ignore_ascii_case(n));
     }
-    if negated { Gap::Negated } else { Gap::Joins }
+    true
 }
 
 #[cfg(test)]
@@ -357,26 +341,22 @@ mod tests {
     }
 
     #[test]
-    fn a_negation_between_the_parts_leaves_the_later_part_as_the_match() {
+    fn a_negation_between_the_parts_keeps_them_one_phrase() {
         let (lexicon, g) = glosses();
         let cases = [
-            ("The heart is not enlarged.", "enlarged", "cardiomegaly"),
-            ("The heart is not significantly enlarged.", "enlarged", "cardiomegaly"),
-            ("The pleural spaces without air.", "air", "pneumothorax"),
-            ("Liver: not enlarged", "", ""), // the colon ends the phrase
+            ("The heart is not enlarged.", "heart is not enlarged", "cardiomegaly"),
+            ("The heart is not significantly enlarged.", "heart is not significantly enlarged", "cardiomegaly"),
+            ("The pleural spaces without air.", "pleural spaces without air", "pneumothorax"),
         ];
         for (text, span, concept) in cases {
             let f = found(&g, &lexicon, text);
-            if span.is_empty() {
-                assert!(f.is_empty(), "{text}: {f:?}");
-                continue;
-            }
             assert_eq!(f.len(), 1, "{text}: {f:?}");
             assert_eq!(f[0].0, span, "{text}");
             assert!(f[0].1.contains(concept), "{text}: {f:?}");
         }
-        // A breaker still ends the phrase, negated or not; so does the distance.
-        for text in ["The heart is not small and enlarged.", "The heart is not at all enlarged."] {
+        // Punctuation, a breaker and the distance still end the phrase.
+        for text in ["Liver: not enlarged", "The heart is not small and enlarged.", "The heart is not at all enlarged."]
+        {
             assert!(found(&g, &lexicon, text).is_empty(), "{text}: {:?}", found(&g, &lexicon, text));
         }
     }

@@ -60,6 +60,7 @@ pub fn extract(
         if let Some(g) = glosses.filter(|_| h - from > 1) {
             let lexical = out.len();
             for t in g.pairs(text, &hits[from..h]) {
+                let t = after_inner_cues(text, t, rules);
                 let taken = out[first..lexical]
                     .iter()
                     .any(|x| x.start < t.end && t.start < x.end && x.kind != EntityKind::Anatomy);
@@ -85,4 +86,36 @@ pub fn extract(
         }
     }
     out
+}
+
+/// A gloss match with an assertion cue between its parts ("heart is not enlarged", "heart is possibly enlarged")
+/// starts after the last such cue, so the cue stands before the mention, where assertion reads it, rather than
+/// inside it, where it would be ignored.
+fn after_inner_cues(text: &str, t: TermMatch, rules: &ContextRules) -> TermMatch {
+    let inner = &text[t.start..t.end];
+    let last = rules.cue_spans(inner).into_iter().filter(|&(a, b)| a > 0 && b < inner.len()).map(|(_, b)| b).max();
+    match last {
+        Some(b) => {
+            let rest = &inner[b..];
+            TermMatch { start: t.start + b + (rest.len() - rest.trim_start().len()), ..t }
+        }
+        None => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gloss_starts_after_the_cues_between_its_parts() {
+        let rules = ContextRules::builtin();
+        let span = |text: &'static str| -> &'static str {
+            let t = after_inner_cues(text, TermMatch { start: 4, end: text.len() - 1, concept: 0 }, rules);
+            &text[t.start..t.end]
+        };
+        assert_eq!(span("The heart is not enlarged."), "enlarged");
+        assert_eq!(span("The heart is possibly mildly enlarged."), "mildly enlarged");
+        assert_eq!(span("The heart is moderately enlarged."), "heart is moderately enlarged", "no cue: whole");
+    }
 }
