@@ -70,8 +70,23 @@ fn answers_cite_only_their_context_and_the_llm_sees_only_the_asking_patient() {
     let rt = service::runtime();
     let port = service::start(&rt, &s, &notes());
 
-    let (st, v) = ask(port, "a1");
+    let q = format!("Does the patient have a pleural effusion? {ASKED}");
+    let (st, v, head) =
+        service::call_with_head(port, "/v1/answer", Some(KEY), "a1", &json!({"patient": PATIENT, "question": q}));
     assert_eq!(st, 200, "{v}");
+    // Where the time went: the context, the generative step's own work and the LLM's, inside the request's total.
+    let timing = service::server_timing(&head);
+    let names: Vec<&str> = timing.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["context", "generate", "llm", "total"], "{head}");
+    let ms = |name: &str| timing.iter().find(|(n, _)| n == name).unwrap().1;
+    assert!(ms("context") > 0.0 && ms("llm") > 0.0 && ms("generate") >= 0.0, "{head}");
+    assert!(ms("context") + ms("generate") + ms("llm") <= ms("total") + 0.01, "{head}");
+    assert!((ms("llm") - v["llm_ms"].as_f64().unwrap()).abs() < 1.0, "{head} {v}");
+    let (st, _, head) =
+        service::call_with_head(port, "/v1/context", Some(KEY), "c1", &json!({"patient": PATIENT, "question": q}));
+    assert_eq!(st, 200);
+    let timing = service::server_timing(&head);
+    assert!(timing.len() == 1 && timing[0].0 == "total" && timing[0].1 > 0.0, "{head}");
     let passages = v["passages"].as_u64().unwrap() as usize;
     assert!(passages >= 1, "{v}");
     assert!(["present", "absent", "uncertain", "not_mentioned"].contains(&v["status"].as_str().unwrap()), "{v}");

@@ -325,6 +325,21 @@ pub struct AnswerResponse {
     pub usage: Usage,
     /// Time the LLM endpoint took (the rest of the request is the service's own).
     pub llm_ms: u64,
+    /// Where the request's time went, sent as the `Server-Timing` header, not in the body.
+    #[serde(skip)]
+    pub timing: AnswerTiming,
+}
+
+/// The stages of one answer, timed by the service (`Server-Timing: context;dur=…, generate;dur=…, llm;dur=…`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AnswerTiming {
+    /// Building the CLEAR context (what `/v1/context` does).
+    pub context: std::time::Duration,
+    /// The generative step's own work: the passages, the prompt and its schema, the answer parsed and its
+    /// citations checked; the LLM's time excluded.
+    pub generate: std::time::Duration,
+    /// The LLM endpoint's time: the call, its slot wait and retries, as `llm_ms`.
+    pub llm: std::time::Duration,
 }
 
 /// One cited passage.

@@ -87,7 +87,14 @@ fn openapi_types() -> Value {
             }],
             "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{req}")}}}},
             "responses": {
-                "200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{resp}")}}}},
+                "200": {
+                    "description": "OK",
+                    "headers": {"Server-Timing": {
+                        "description": "Where the request's time went, in milliseconds: `total` (in the service, before its audit record); /v1/answer also `context`, `generate` (its own work) and `llm` (the endpoint's)",
+                        "schema": {"type": "string"}
+                    }},
+                    "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{resp}")}}}
+                },
                 "400": error("Malformed request, unknown field, or a value past a limit"),
                 "401": error("No credentials, an unknown key, or a token that is invalid, expired, or for another audience or issuer"),
                 "403": error("The caller may not query that patient (the same answer whether the patient exists or not)"),

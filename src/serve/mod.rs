@@ -69,14 +69,17 @@ impl Service {
     /// else: the patient's own context), the model's citations checked against them.
     pub async fn answer(&self, req: &ContextRequest) -> Result<AnswerResponse, AnswerError> {
         let llm = self.llm.as_ref().ok_or(AnswerError::NotConfigured)?;
+        let start = std::time::Instant::now();
         let context = self.reader.context(req).await?;
+        let context_time = start.elapsed();
         let passages = answer::passages(&context);
         let messages = answer::messages(&self.templates, &req.question, &passages);
+        let schema = answer::schema(passages.len());
         let clock = std::time::Instant::now();
-        let completion = llm.chat(&messages, Some(&answer::schema(passages.len()))).await;
-        let llm_ms = clock.elapsed().as_millis() as u64;
+        let completion = llm.chat(&messages, Some(&schema)).await;
+        let llm_time = clock.elapsed();
         let m = crate::telemetry::metrics::metrics();
-        m.llm_duration.observe(clock.elapsed().as_secs_f64());
+        m.llm_duration.observe(llm_time.as_secs_f64());
         let outcome = match &completion {
             Ok(_) => "ok",
             Err(LlmError::Timeout) => "timeout",
@@ -123,7 +126,12 @@ impl Service {
                 prompt_tokens: completion.prompt_tokens,
                 completion_tokens: completion.completion_tokens,
             },
-            llm_ms,
+            llm_ms: llm_time.as_millis() as u64,
+            timing: api::AnswerTiming {
+                context: context_time,
+                generate: start.elapsed().saturating_sub(context_time + llm_time),
+                llm: llm_time,
+            },
         })
     }
 

@@ -1,4 +1,4 @@
-//! The HTTP side of the query service (axum): `POST /v1/context`, `POST /v1/search`, beside `/metrics`,
+//! The HTTP side of the query service (axum): `POST /v1/context`, `POST /v1/search`, `POST /v1/answer`, beside `/metrics`,
 //! `/healthz`, `/readyz` (`http::router`).
 //!
 //! Every `/v1` request passes, in order: identification (`access::Authenticator`: 401 before the body is read, or
@@ -8,7 +8,9 @@
 //! (`serve.max_concurrent`; the rest wait) and the timeout (504). Store unavailable → 503 with `Retry-After`; other
 //! store or model failures → 500. Every request, refused or answered, gets one audit record (`audit`; an answer
 //! whose record is not delivered becomes a 503 with `serve.audit.fail_closed`) and an `X-Request-Id`; every answer
-//! is counted by route and status, and timed by route; nothing of the request is logged.
+//! is counted by route and status, and timed by route (and in its `Server-Timing` header: the request's time in the
+//! service, and for `/v1/answer` its context, its generative step and the LLM's time); nothing of the request is
+//! logged.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +31,9 @@ use tokio::sync::Semaphore;
 use super::access::{Patients, Principal};
 use super::api::{ErrorBody, ErrorDetail};
 use super::audit::{self, AuditRecord, Returned};
-use super::{AnswerError, ContextRequest, ReadError, SearchRequest, Service};
+use super::{
+    AnswerError, AnswerResponse, ContextRequest, ContextResponse, ReadError, SearchRequest, SearchResponse, Service,
+};
 use crate::http::Readiness;
 use crate::llm::LlmError;
 use crate::query::reader::patient_reference;
@@ -42,6 +46,29 @@ struct Api {
     permits: Arc<Semaphore>,
     timeout: Duration,
 }
+/// What a route's answer says of where its time went: `Server-Timing` metrics (name, duration) before `total`.
+trait Timed {
+    fn stages(&self) -> Vec<(&'static str, Duration)> {
+        Vec::new()
+    }
+}
+
+impl Timed for ContextResponse {}
+impl Timed for SearchResponse {}
+impl Timed for AnswerResponse {
+    fn stages(&self) -> Vec<(&'static str, Duration)> {
+        let t = self.timing;
+        vec![("context", t.context), ("generate", t.generate), ("llm", t.llm)]
+    }
+}
+
+/// The `Server-Timing` header (W3C Server Timing): each stage's and the whole request's time in milliseconds.
+fn server_timing(stages: &[(&'static str, Duration)], total: Duration) -> HeaderValue {
+    let metrics = stages.iter().copied().chain(std::iter::once(("total", total)));
+    let value: Vec<String> = metrics.map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1000.0)).collect();
+    HeaderValue::from_str(&value.join(", ")).unwrap_or_else(|_| HeaderValue::from_static("total"))
+}
+
 /// A JSON answer.
 fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
@@ -251,7 +278,7 @@ async fn answer<T, R, E, F, Fut>(
 ) -> Response
 where
     T: DeserializeOwned + Scoped,
-    R: serde::Serialize + Returned,
+    R: serde::Serialize + Returned + Timed,
     E: IntoResponse,
     F: FnOnce(Arc<Service>, T) -> Fut,
     Fut: std::future::Future<Output = Result<R, E>>,
@@ -297,7 +324,10 @@ where
             Ok(Ok(r)) => {
                 crate::http::set_store_reachable(true);
                 (record.returned, record.documents) = r.returned();
-                json(StatusCode::OK, &r)
+                let mut response = json(StatusCode::OK, &r);
+                let timing = server_timing(&r.stages(), clock.elapsed());
+                response.headers_mut().insert(header::HeaderName::from_static("server-timing"), timing);
+                response
             }
             Ok(Err(e)) => e.into_response(),
             Err(_) => error(

@@ -87,6 +87,22 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// One request: (status, JSON body, `X-Request-Id` answered).
 pub fn call(port: u16, path: &str, bearer: Option<&str>, request_id: &str, body: &Value) -> (u16, Value, String) {
+    let (status, body, head) = call_with_head(port, path, bearer, request_id, body);
+    let id = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("x-request-id: ").map(str::to_string))
+        .unwrap_or_default();
+    (status, body, id)
+}
+
+/// As `call`, with the response's status line and headers in place of its request id.
+pub fn call_with_head(
+    port: u16,
+    path: &str,
+    bearer: Option<&str>,
+    request_id: &str,
+    body: &Value,
+) -> (u16, Value, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     let auth = bearer.map(|b| format!("Authorization: Bearer {b}\r\n")).unwrap_or_default();
@@ -103,11 +119,22 @@ pub fn call(port: u16, path: &str, bearer: Option<&str>, request_id: &str, body:
     let out = String::from_utf8_lossy(&out).to_string();
     let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or_default();
-    let id = head
+    (status, serde_json::from_str(body).unwrap_or(Value::Null), head.to_string())
+}
+
+/// The metrics of a `Server-Timing` header in a response head: (name, milliseconds) in order.
+pub fn server_timing(head: &str) -> Vec<(String, f64)> {
+    let value = head
         .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("x-request-id: ").map(str::to_string))
+        .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("server-timing")).map(|(_, v)| v))
         .unwrap_or_default();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null), id)
+    value
+        .split(',')
+        .filter_map(|m| {
+            let (name, dur) = m.trim().split_once(";dur=")?;
+            Some((name.to_string(), dur.parse().ok()?))
+        })
+        .collect()
 }
 
 /// `/readyz` answers 200.

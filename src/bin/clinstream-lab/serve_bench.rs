@@ -7,8 +7,9 @@
 //! connection. Prints p50/p99 latency and requests/s per store, route and client count, and the ratios beside each
 //! other: context against search (the CLEAR path against plain hybrid retrieval, the baseline), and 8 clients
 //! against 1. With `--answers N` and an LLM endpoint in `llm.*`, also the first N questions as `POST /v1/answer`
-//! from one client: the service's own time per answer (the request's time less the LLM's, `llm_ms` of each
-//! response) beside `/v1/context`'s from the same run. Question and note text are never printed.
+//! from one client: the service's own time per answer (the request's time less the LLM's) and the generative
+//! step's overhead (that less the answer's context), both from each response's `Server-Timing`, beside
+//! `/v1/context`'s from the same run. Question and note text are never printed.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -53,8 +54,10 @@ pub struct ServeBench {
     pub answer: Vec<AnswerLatency>,
 }
 
-/// `/v1/answer` from one client: the request's time, the LLM's (as each response reports it) and the difference —
-/// the service's own overhead (context, prompt, schema, citation check, HTTP to the endpoint).
+/// `/v1/answer` from one client: the request's time, the LLM's and the context's (as each response's
+/// `Server-Timing` reports them) and the differences — the service's own time (the request's less the LLM's:
+/// context, prompt, schema, citation check, HTTP both ways) and the generative step's overhead (that less the
+/// context, which `/v1/context` also pays).
 #[derive(Debug, Serialize)]
 pub struct AnswerLatency {
     pub store: String,
@@ -69,8 +72,22 @@ pub struct AnswerLatency {
     pub overhead_p50_ms: f64,
     pub overhead_p99_ms: f64,
     pub overhead_max_ms: f64,
+    /// Per request: the context inside the answer (`Server-Timing: context`).
+    pub answer_context_p50_ms: f64,
+    pub answer_context_p99_ms: f64,
+    /// Per request: its time less the LLM's and the context's — what the generative step adds.
+    pub generation_overhead_p50_ms: f64,
+    pub generation_overhead_p99_ms: f64,
+    pub generation_overhead_max_ms: f64,
     /// `/v1/context` at 1 client in the same run (the context is part of the overhead).
     pub context_p99_ms: f64,
+}
+
+/// One answered `/v1/answer`: the request's time, the LLM's and the context's, in milliseconds.
+struct Timed {
+    took: f64,
+    llm: f64,
+    context: f64,
 }
 
 #[derive(serde::Deserialize)]
@@ -283,7 +300,7 @@ async fn drive(
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let Some(body) = bodies.get(i) else { break };
-                let (ok, _, took) = post(&mut sender, &path, body).await?;
+                let (ok, _, took, _) = post(&mut sender, &path, body).await?;
                 latencies.push(took);
                 errors += usize::from(!ok);
             }
@@ -300,13 +317,13 @@ async fn drive(
     Ok((all, errors, clock.elapsed()))
 }
 
-/// One JSON `POST` on a keep-alive connection: whether it was answered 200, the body, and the time from send to
-/// the last byte.
+/// One JSON `POST` on a keep-alive connection: whether it was answered 200, the body, the time from send to
+/// the last byte, and the `Server-Timing` metrics (name, milliseconds).
 async fn post(
     sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     path: &str,
     body: &str,
-) -> anyhow::Result<(bool, Bytes, Duration)> {
+) -> anyhow::Result<(bool, Bytes, Duration, Vec<(String, f64)>)> {
     let request = http::Request::post(path)
         .header(http::header::HOST, "bench")
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -315,39 +332,53 @@ async fn post(
     sender.ready().await?;
     let response = sender.send_request(request).await?;
     let ok = response.status() == http::StatusCode::OK;
+    let timing = response
+        .headers()
+        .get("server-timing")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(',')
+                .filter_map(|m| {
+                    let (name, dur) = m.trim().split_once(";dur=")?;
+                    Some((name.to_string(), dur.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let bytes = response.into_body().collect().await?.to_bytes();
-    Ok((ok, bytes, start.elapsed()))
+    Ok((ok, bytes, start.elapsed(), timing))
 }
 
-/// Sends each body as `POST /v1/answer` in turn on one keep-alive connection: per answered request its time and
-/// the LLM's (`llm_ms`), and the count of answers other than 200.
-async fn drive_answers(addr: std::net::SocketAddr, bodies: &[String]) -> anyhow::Result<(Vec<(f64, f64)>, usize)> {
+/// Sends each body as `POST /v1/answer` in turn on one keep-alive connection: per answered request its time, the
+/// LLM's and the context's (`Server-Timing`), and the count of answers other than 200.
+async fn drive_answers(addr: std::net::SocketAddr, bodies: &[String]) -> anyhow::Result<(Vec<Timed>, usize)> {
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
     let (mut timed, mut errors) = (Vec::new(), 0);
     for body in bodies {
-        let (ok, bytes, took) = post(&mut sender, "/v1/answer", body).await?;
+        let (ok, _, took, timing) = post(&mut sender, "/v1/answer", body).await?;
         let took = took.as_secs_f64() * 1000.0;
-        let llm_ms = serde_json::from_slice::<serde_json::Value>(&bytes).ok().and_then(|v| v["llm_ms"].as_f64());
-        match (ok, llm_ms) {
-            (true, Some(llm)) => timed.push((took, llm)),
+        let ms = |name: &str| timing.iter().find(|(n, _)| n == name).map(|t| t.1);
+        match (ok, ms("llm"), ms("context")) {
+            (true, Some(llm), Some(context)) => timed.push(Timed { took, llm, context }),
             _ => errors += 1,
         }
     }
     Ok((timed, errors))
 }
 
-fn summarise_answers(store: &str, timed: Vec<(f64, f64)>, errors: usize, context_p99_ms: f64) -> AnswerLatency {
+fn summarise_answers(store: &str, timed: Vec<Timed>, errors: usize, context_p99_ms: f64) -> AnswerLatency {
     let at = |mut v: Vec<f64>, q: f64| {
         v.sort_by(f64::total_cmp);
         percentile(&v, q)
     };
-    let total: Vec<f64> = timed.iter().map(|t| t.0).collect();
-    let llm: Vec<f64> = timed.iter().map(|t| t.1).collect();
-    // `llm_ms` is whole milliseconds: the overhead is never read below zero.
-    let overhead: Vec<f64> = timed.iter().map(|t| (t.0 - t.1).max(0.0)).collect();
+    let total: Vec<f64> = timed.iter().map(|t| t.took).collect();
+    let llm: Vec<f64> = timed.iter().map(|t| t.llm).collect();
+    let overhead: Vec<f64> = timed.iter().map(|t| t.took - t.llm).collect();
+    let context: Vec<f64> = timed.iter().map(|t| t.context).collect();
+    let generation: Vec<f64> = timed.iter().map(|t| t.took - t.llm - t.context).collect();
     AnswerLatency {
         store: store.to_string(),
         requests: timed.len(),
@@ -359,6 +390,11 @@ fn summarise_answers(store: &str, timed: Vec<(f64, f64)>, errors: usize, context
         overhead_p50_ms: at(overhead.clone(), 0.5),
         overhead_p99_ms: at(overhead.clone(), 0.99),
         overhead_max_ms: at(overhead, 1.0),
+        answer_context_p50_ms: at(context.clone(), 0.5),
+        answer_context_p99_ms: at(context, 0.99),
+        generation_overhead_p50_ms: at(generation.clone(), 0.5),
+        generation_overhead_p99_ms: at(generation.clone(), 0.99),
+        generation_overhead_max_ms: at(generation, 1.0),
         context_p99_ms,
     }
 }
