@@ -557,13 +557,38 @@ async fn serves_context_and_search(mut s: Settings) {
     let sparse = bm25::sparse_query(&bm25::encoder(s.store.bm25_avg_len).unwrap(), &text);
     let ids = |hits: Vec<clinstream::store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<String>>();
     let (vector, matched) = matched_for(&text).await;
-    let want = ids(ask_store(Record::Tree, vector.clone(), sparse, 20, matched).await);
+    // The store's ranking of twice the hits, less those whose text lies wholly inside hits above them (an
+    // extractive summary of chunks already returned), cut to 20.
+    let spans = |p: &serde_json::Map<String, Value>| -> Vec<(String, u64, u64)> {
+        let span = |v: &Value| {
+            (v["doc_id"].as_str().unwrap().to_string(), v["start"].as_u64().unwrap(), v["end"].as_u64().unwrap())
+        };
+        match p["record"].as_str() {
+            Some("summary") => p["sentences"].as_array().unwrap().iter().map(span).collect(),
+            _ => vec![span(&Value::Object(p.clone()))],
+        }
+    };
+    let mut taken: Vec<(String, u64, u64)> = Vec::new();
+    let (mut repeats, mut want, mut summaries_found) = (Vec::new(), Vec::new(), 0);
+    for h in ask_store(Record::Tree, vector.clone(), sparse, 40, matched).await {
+        let own = spans(&h.payload);
+        summaries_found += usize::from(h.payload["record"] == "summary");
+        if own.iter().all(|(d, a, b)| taken.iter().any(|(e, x, y)| d == e && x <= a && b <= y)) {
+            repeats.push(h.payload["record"].as_str().unwrap().to_string());
+            continue;
+        }
+        taken.extend(own);
+        want.push(h.id);
+    }
+    want.truncate(20);
+    assert!(summaries_found > 0, "a summary's own text finds summaries");
+    // This query's summary quotes chunks of the same repeated sentences that rank above it: it is dropped.
+    assert!(repeats.iter().any(|r| r == "summary"), "{repeats:?}");
     let dense_only = ids(ask_store(Record::Tree, vector, Sparse::default(), 20, Vec::new()).await);
     let got: Vec<String> = hits.iter().map(|h| h["id"].as_str().unwrap().to_string()).collect();
-    assert_eq!(got, want);
+    assert_eq!(got, want, "{repeats:?} dropped");
     assert_ne!(got, dense_only, "the fused ranking differs from the dense one for this query");
     assert!(hits.iter().all(|h| h["payload"]["patient"] == "Patient/p1"), "{v}");
-    assert!(hits.iter().any(|h| h["payload"]["record"] == "summary"), "a summary's own text finds summaries: {v}");
     // Hybrid and dense searches stay on chunks; a tree without a patient, or an unknown strategy, is refused.
     for strategy in ["hybrid", "dense"] {
         let (_, v) = api

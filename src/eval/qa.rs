@@ -552,7 +552,14 @@ pub async fn run(pipeline: &Pipeline, embedder: &Embedder, run: &QaRun<'_>) -> R
                         ranks[si].push(first);
                     }
                     let tokens: Vec<usize> = candidates.iter().map(|c| c.1).collect();
-                    let chosen = raptor::collapsed(ranked.iter().map(|r| r.0), &tokens, budget_tokens);
+                    // What each candidate's context text quotes: a written abstract quotes nothing (its own text).
+                    let quoted: Vec<Vec<(usize, usize, usize)>> = (0..candidates.len())
+                        .map(|i| match i.checked_sub(own_chunks.len()) {
+                            Some(n) if node_abstracts[n].is_some() => Vec::new(),
+                            _ => spans_of(i),
+                        })
+                        .collect();
+                    let chosen = raptor::collapsed(ranked.iter().map(|r| r.0), &tokens, &quoted, budget_tokens);
                     let items: Vec<Vec<(usize, usize, usize)>> = chosen.iter().map(|&i| spans_of(i)).collect();
                     if params.compress.is_some() {
                         // `tree+cptf`: what the compressed summaries were cut from (and the chunks as they are).

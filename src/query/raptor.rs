@@ -473,16 +473,36 @@ fn normalise(v: &mut [f32]) {
     }
 }
 
+/// Where a candidate's text lies: (document, start, end) byte spans — a chunk's one span, an extractive
+/// summary's sentences; none for text of its own (an abstract).
+pub type Span<D> = (D, usize, usize);
+
+/// Whether a candidate only repeats what was taken: every one of its spans inside one span already taken, in the
+/// same document (an extractive summary whose sentences are all in chunks already chosen, or a chunk of one
+/// sentence a chosen summary quotes). A candidate without spans (an abstract) is never a repeat.
+pub fn repeats<D: PartialEq>(spans: &[Span<D>], taken: &[Span<D>]) -> bool {
+    !spans.is_empty() && spans.iter().all(|(d, a, b)| taken.iter().any(|(e, x, y)| d == e && x <= a && b <= y))
+}
+
 /// The collapsed tree's retrieval: leaves and summaries in the order they rank (best first; by cosine to the
-/// question, or fused with BM25), taken while their `tokens` fit `budget`. Returns the candidates' indices.
-pub fn collapsed(ranked: impl IntoIterator<Item = usize>, tokens: &[usize], budget: usize) -> Vec<usize> {
+/// question, or fused with BM25), taken while their `tokens` fit `budget`, skipping a candidate that only repeats
+/// what was taken (`repeats`: an extractive summary quotes its chunks, and a summary ranked below the chunks it
+/// quotes would spend the budget on the same words twice). Returns the candidates' indices.
+pub fn collapsed<D: PartialEq + Clone>(
+    ranked: impl IntoIterator<Item = usize>,
+    tokens: &[usize],
+    spans: &[Vec<Span<D>>],
+    budget: usize,
+) -> Vec<usize> {
     let mut left = budget;
     let mut out = Vec::new();
+    let mut taken: Vec<Span<D>> = Vec::new();
     for i in ranked {
         let t = tokens[i];
-        if t <= left {
+        if t <= left && !repeats(&spans[i], &taken) {
             left -= t;
             out.push(i);
+            taken.extend(spans[i].iter().cloned());
         }
     }
     out
@@ -725,8 +745,35 @@ mod tests {
     fn the_collapsed_tree_takes_the_nearest_nodes_that_fit() {
         // Ranked a, c, b with 60, 50 and 10 tokens: a first, c does not fit the 40 left, b does.
         let (ranked, tokens) = ([0, 2, 1], [60, 10, 50]);
-        assert_eq!(collapsed(ranked, &tokens, 100), vec![0, 1]);
-        assert_eq!(collapsed(ranked, &tokens, 120), vec![0, 2, 1]);
-        assert!(collapsed(ranked, &tokens, 5).is_empty());
+        let spans: [Vec<Span<u8>>; 3] = [vec![(0, 0, 60)], vec![(0, 60, 70)], vec![(1, 0, 50)]];
+        assert_eq!(collapsed(ranked, &tokens, &spans, 100), vec![0, 1]);
+        assert_eq!(collapsed(ranked, &tokens, &spans, 120), vec![0, 2, 1]);
+        assert!(collapsed(ranked, &tokens, &spans, 5).is_empty());
+    }
+
+    #[test]
+    fn the_collapsed_tree_skips_a_summary_of_what_it_already_holds() {
+        // Chunks 0 (doc a, 0..100) and 1 (doc b, 0..80); summary 2 quotes a sentence of each, summary 3 quotes one
+        // of chunk 0 and one of a chunk not taken, 4 is an abstract (no spans).
+        let spans: [Vec<Span<&str>>; 5] = [
+            vec![("a", 0, 100)],
+            vec![("b", 0, 80)],
+            vec![("a", 10, 40), ("b", 50, 80)],
+            vec![("a", 10, 40), ("c", 0, 30)],
+            vec![],
+        ];
+        let tokens = [25, 20, 15, 15, 15];
+        // Ranked 0, 1, 2, 3, 4: 2 repeats 0 and 1, 3 adds doc c, 4 is text of its own.
+        assert_eq!(collapsed([0, 1, 2, 3, 4], &tokens, &spans, 200), vec![0, 1, 3, 4]);
+        assert_eq!(collapsed([0, 1, 2, 3, 4], &tokens, &spans, 70), vec![0, 1, 3]);
+        // The budget 2 would have spent goes to the next candidate: without the skip, 4 would not fit.
+        assert_eq!(collapsed([0, 1, 2, 4], &tokens, &spans, 60), vec![0, 1, 4]);
+        // A summary ranked first is taken; the chunk below it adds what the summary does not quote.
+        assert_eq!(collapsed([2, 0, 1], &tokens, &spans, 200), vec![2, 0, 1]);
+        // A one-sentence chunk a summary taken before it quotes whole is a repeat too.
+        let spans: [Vec<Span<&str>>; 2] = [vec![("a", 0, 30), ("a", 31, 60)], vec![("a", 31, 60)]];
+        assert_eq!(collapsed([0, 1], &[10, 5], &spans, 100), vec![0]);
+        assert!(!repeats::<&str>(&[], &[("a", 0, 10)]));
+        assert!(!repeats(&[("a", 5, 12)], &[("a", 0, 10)]), "a span past what was taken is new text");
     }
 }

@@ -368,7 +368,13 @@ impl Reader {
         if strategy == api::SearchStrategy::Tree && req.patient.is_none() {
             return Err(ReadError::BadRequest("strategy: `tree` searches one patient's tree; give `patient`".into()));
         }
-        let hits = self.ranked(req.query.trim(), filters, &req.sections, top, strategy).await?;
+        let hits = if strategy == api::SearchStrategy::Tree {
+            // A summary quotes its chunks: twice the hits are read, and those that only repeat better ones dropped.
+            let hits = self.ranked(req.query.trim(), filters, &req.sections, top.saturating_mul(2), strategy).await?;
+            without_repeats(hits, top)
+        } else {
+            self.ranked(req.query.trim(), filters, &req.sections, top, strategy).await?
+        };
         let mut out: Vec<api::Hit> = hits.into_iter().map(api::Hit::from).collect();
         if req.neighbours {
             // The stored previous/next chunk ids, fetched once each, attached to the hit they neighbour.
@@ -466,6 +472,44 @@ impl Reader {
     }
 }
 
+/// The collapsed tree's hits, best first, without those that only repeat better ones (`raptor::repeats`: an
+/// extractive summary whose sentences all lie in chunks ranked above it, a one-sentence chunk a summary above it
+/// quotes), at most `top`.
+fn without_repeats(hits: Vec<store::Hit>, top: usize) -> Vec<store::Hit> {
+    let mut taken = Vec::new();
+    let mut out = Vec::with_capacity(top);
+    for h in hits {
+        let spans = quoted_spans(&h.payload);
+        if super::raptor::repeats(&spans, &taken) {
+            continue;
+        }
+        taken.extend(spans);
+        out.push(h);
+        if out.len() == top {
+            break;
+        }
+    }
+    out
+}
+
+/// Where a hit's text lies in its notes: a chunk's span, an extractive summary's sentences; nothing for a summary
+/// with an abstract (text of its own).
+fn quoted_spans(p: &serde_json::Map<String, serde_json::Value>) -> Vec<super::raptor::Span<String>> {
+    let span = |v: &serde_json::Map<String, serde_json::Value>| {
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).map(|n| n as usize);
+        Some((v.get("doc_id")?.as_str()?.to_string(), n("start")?, n("end")?))
+    };
+    if p.get("record").and_then(|r| r.as_str()) != Some(store::SUMMARY) {
+        return span(p).into_iter().collect();
+    }
+    if p.get("abstract").is_some_and(|a| !a.is_null()) {
+        return Vec::new();
+    }
+    let sentences = p.get("sentences").and_then(|s| s.as_array()).map(Vec::as_slice).unwrap_or_default();
+    let spans: Option<Vec<_>> = sentences.iter().map(|s| s.as_object().and_then(span)).collect();
+    spans.unwrap_or_default()
+}
+
 /// At most this many answer concepts are matched by mention (a query that names a broad class, "disease" with its
 /// descendants, names no finding a mention could stand for: its words alone rank it).
 pub const MAX_MATCHED_CONCEPTS: usize = 256;
@@ -503,4 +547,55 @@ pub mod limits {
 
     /// A day as `since`/`until` take it (`store::day`): `YYYY-MM-DD`, alone or starting a date-time.
     pub const DAY: &str = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn hit(id: &str, payload: serde_json::Value) -> store::Hit {
+        let payload = payload.as_object().unwrap().clone();
+        store::Hit { id: id.into(), score: 0.0, payload, found: Default::default() }
+    }
+
+    #[test]
+    fn the_tree_search_drops_what_only_repeats_better_hits() {
+        let chunk = |id: &str, doc: &str, start: u64, end: u64| {
+            hit(id, json!({"record": "chunk", "doc_id": doc, "start": start, "end": end}))
+        };
+        let summary = |id: &str, sentences: serde_json::Value, written: bool| {
+            let mut p = json!({"record": "summary", "sentences": sentences});
+            if written {
+                p["abstract"] = json!("text of its own");
+            }
+            hit(id, p)
+        };
+        let quoting_a = json!([{"doc_id": "a", "start": 10, "end": 40}, {"doc_id": "b", "start": 5, "end": 9}]);
+        let hits = vec![
+            chunk("c1", "a", 0, 100),
+            chunk("c2", "b", 0, 50),
+            // Every sentence inside c1 or c2: a repeat.
+            summary("s1", quoting_a.clone(), false),
+            // The same sentences with an abstract: its own text, kept.
+            summary("s2", quoting_a, true),
+            // One sentence outside what was returned: kept.
+            summary(
+                "s3",
+                json!([{"doc_id": "a", "start": 10, "end": 40}, {"doc_id": "c", "start": 0, "end": 9}]),
+                false,
+            ),
+            chunk("c3", "c", 0, 9),
+            chunk("c4", "d", 0, 20),
+        ];
+        let ids = |hits: Vec<store::Hit>| hits.into_iter().map(|h| h.id).collect::<Vec<_>>();
+        // c3 is a one-sentence chunk s3 quotes whole: a repeat too.
+        assert_eq!(ids(without_repeats(hits.clone(), 10)), ["c1", "c2", "s2", "s3", "c4"]);
+        assert_eq!(ids(without_repeats(hits.clone(), 3)), ["c1", "c2", "s2"]);
+        // Ranked first, the summary stays, and the chunks that hold more than it quotes follow.
+        let mut first = hits;
+        first.rotate_left(2);
+        assert_eq!(ids(without_repeats(first, 10)), ["s1", "s2", "s3", "c4", "c1", "c2"]);
+    }
 }
