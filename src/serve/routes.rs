@@ -69,6 +69,19 @@ fn server_timing(stages: &[(&'static str, Duration)], total: Duration) -> Header
     HeaderValue::from_str(&value.join(", ")).unwrap_or_else(|_| HeaderValue::from_static("total"))
 }
 
+/// The metrics of a `Server-Timing` header value that carry a duration: (name, milliseconds), in order.
+pub fn parse_server_timing(value: &str) -> Vec<(String, f64)> {
+    value
+        .split(',')
+        .filter_map(|metric| {
+            let mut params = metric.split(';').map(str::trim);
+            let name = params.next().filter(|n| !n.is_empty())?;
+            let dur = params.find_map(|p| p.strip_prefix("dur="))?.parse().ok()?;
+            Some((name.to_string(), dur))
+        })
+        .collect()
+}
+
 /// A JSON answer.
 fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
@@ -489,6 +502,18 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_timing_reads_back_what_it_writes() {
+        let stages = [("context", Duration::from_micros(14_210)), ("llm", Duration::from_millis(9_507))];
+        let value = server_timing(&stages, Duration::from_micros(9_522_118));
+        assert_eq!(value.to_str().unwrap(), "context;dur=14.210, llm;dur=9507.000, total;dur=9522.118");
+        let read = parse_server_timing(value.to_str().unwrap());
+        assert_eq!(read, [("context".into(), 14.21), ("llm".into(), 9507.0), ("total".into(), 9522.118)]);
+        // Other parameters and metrics without a duration, as other servers and proxies write them.
+        let read = parse_server_timing(r#"cache;desc="hit", db;desc=x;dur=3.5,  ,app;dur=bad, edge;dur=1"#);
+        assert_eq!(read, [("db".into(), 3.5), ("edge".into(), 1.0)]);
+    }
 
     #[test]
     fn bad_bodies_name_the_field_never_the_value() {

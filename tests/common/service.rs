@@ -128,13 +128,7 @@ pub fn server_timing(head: &str) -> Vec<(String, f64)> {
         .lines()
         .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("server-timing")).map(|(_, v)| v))
         .unwrap_or_default();
-    value
-        .split(',')
-        .filter_map(|m| {
-            let (name, dur) = m.trim().split_once(";dur=")?;
-            Some((name.to_string(), dur.parse().ok()?))
-        })
-        .collect()
+    clinstream::serve::routes::parse_server_timing(value)
 }
 
 /// `/readyz` answers 200.

@@ -336,14 +336,7 @@ async fn post(
         .headers()
         .get("server-timing")
         .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(',')
-                .filter_map(|m| {
-                    let (name, dur) = m.trim().split_once(";dur=")?;
-                    Some((name.to_string(), dur.parse().ok()?))
-                })
-                .collect()
-        })
+        .map(routes::parse_server_timing)
         .unwrap_or_default();
     let bytes = response.into_body().collect().await?.to_bytes();
     Ok((ok, bytes, start.elapsed(), timing))
