@@ -52,9 +52,13 @@ fn settings(dir: &Path, llm: Option<(&str, &LlmServer)>) -> Option<Settings> {
     Some(s)
 }
 
+/// The question every case asks (the canary in it must never reach a log).
+fn question() -> Value {
+    json!({"patient": PATIENT, "question": format!("Does the patient have a pleural effusion? {ASKED}")})
+}
+
 fn ask(port: u16, id: &str) -> (u16, Value) {
-    let q = format!("Does the patient have a pleural effusion? {ASKED}");
-    let (st, v, _) = call(port, "/v1/answer", Some(KEY), id, &json!({"patient": PATIENT, "question": q}));
+    let (st, v, _) = call(port, "/v1/answer", Some(KEY), id, &question());
     (st, v)
 }
 
@@ -70,9 +74,7 @@ fn answers_cite_only_their_context_and_the_llm_sees_only_the_asking_patient() {
     let rt = service::runtime();
     let port = service::start(&rt, &s, &notes());
 
-    let q = format!("Does the patient have a pleural effusion? {ASKED}");
-    let (st, v, head) =
-        service::call_with_head(port, "/v1/answer", Some(KEY), "a1", &json!({"patient": PATIENT, "question": q}));
+    let (st, v, head) = service::call_with_head(port, "/v1/answer", Some(KEY), "a1", &question());
     assert_eq!(st, 200, "{v}");
     // Where the time went: the context, the generative step's own work and the LLM's, inside the request's total.
     let timing = service::server_timing(&head);
@@ -82,8 +84,7 @@ fn answers_cite_only_their_context_and_the_llm_sees_only_the_asking_patient() {
     assert!(ms("context") > 0.0 && ms("llm") > 0.0 && ms("generate") >= 0.0, "{head}");
     assert!(ms("context") + ms("generate") + ms("llm") <= ms("total") + 0.01, "{head}");
     assert!((ms("llm") - v["llm_ms"].as_f64().unwrap()).abs() < 1.0, "{head} {v}");
-    let (st, _, head) =
-        service::call_with_head(port, "/v1/context", Some(KEY), "c1", &json!({"patient": PATIENT, "question": q}));
+    let (st, _, head) = service::call_with_head(port, "/v1/context", Some(KEY), "c1", &question());
     assert_eq!(st, 200);
     let timing = service::server_timing(&head);
     assert!(timing.len() == 1 && timing[0].0 == "total" && timing[0].1 > 0.0, "{head}");

@@ -1,5 +1,5 @@
-//! The HTTP side of the query service (axum): `POST /v1/context`, `POST /v1/search`, `POST /v1/answer`, beside `/metrics`,
-//! `/healthz`, `/readyz` (`http::router`).
+//! The HTTP side of the query service (axum): `POST /v1/context`, `POST /v1/search`, `POST /v1/answer`, beside
+//! `/metrics`, `/healthz`, `/readyz` (`http::router`).
 //!
 //! Every `/v1` request passes, in order: identification (`access::Authenticator`: 401 before the body is read, or
 //! 503 while the identity provider's keys cannot be had), the body limit (413), the content type (415), JSON
@@ -46,6 +46,7 @@ struct Api {
     permits: Arc<Semaphore>,
     timeout: Duration,
 }
+
 /// What a route's answer says of where its time went: `Server-Timing` metrics (name, duration) before `total`.
 trait Timed {
     fn stages(&self) -> Vec<(&'static str, Duration)> {

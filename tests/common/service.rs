@@ -88,11 +88,13 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// One request: (status, JSON body, `X-Request-Id` answered).
 pub fn call(port: u16, path: &str, bearer: Option<&str>, request_id: &str, body: &Value) -> (u16, Value, String) {
     let (status, body, head) = call_with_head(port, path, bearer, request_id, body);
-    let id = head
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("x-request-id: ").map(str::to_string))
-        .unwrap_or_default();
+    let id = header(&head, "x-request-id").unwrap_or_default().to_ascii_lowercase();
     (status, body, id)
+}
+
+/// A header's value in a response head (the name in any case).
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim()))
 }
 
 /// As `call`, with the response's status line and headers in place of its request id.
@@ -124,11 +126,7 @@ pub fn call_with_head(
 
 /// The metrics of a `Server-Timing` header in a response head: (name, milliseconds) in order.
 pub fn server_timing(head: &str) -> Vec<(String, f64)> {
-    let value = head
-        .lines()
-        .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("server-timing")).map(|(_, v)| v))
-        .unwrap_or_default();
-    clinstream::serve::routes::parse_server_timing(value)
+    clinstream::serve::routes::parse_server_timing(header(head, "server-timing").unwrap_or_default())
 }
 
 /// `/readyz` answers 200.
