@@ -419,6 +419,8 @@ pub struct StoreSettings {
     /// Embedded store: shards maintained at once; a shard due for maintenance while that many run waits its turn.
     /// 0 = as many as fit a quarter of the cores at `maintain_threads` each, at least one.
     pub maintain_concurrency: usize,
+    /// Embedded store: how many nice steps below the worker a maintenance runs (Linux; 0 = the same priority).
+    pub maintain_nice: i32,
     /// Embedded store: a segment whose vectors pass this many KB is rebuilt by maintenance with its HNSW graph and
     /// compact payload indexes; 0 = never (exact search).
     pub index_threshold_kb: usize,

@@ -21,7 +21,9 @@
 //! memory grows with every rewrite, even of the same points (docs/benchmarks.md); spaced by the shard's
 //! size, its total cost stays proportional to the points written. Shards written evenly fall due together, so at
 //! most `store.maintain_concurrency` shards are maintained at once (`Slots`); the others wait their turn, and a
-//! waiting shard's next maintenance covers what it gathered meanwhile.
+//! waiting shard's next maintenance covers what it gathered meanwhile. A maintenance runs on a thread of its own
+//! `store.maintain_nice` steps below the worker's priority (Linux), it and the graph builders it starts: where the
+//! pipeline keeps the cores busy, the writes that acknowledgements wait for come first.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -75,6 +77,27 @@ struct Slots {
     running: AtomicUsize,
     /// The most maintenances that ran at once (`EmbeddedStore::maintenance_peak`).
     peak: AtomicUsize,
+    /// How far below the worker's scheduling priority a maintenance runs (`store.maintain_nice`).
+    nice: i32,
+}
+
+/// Lowers the calling thread's scheduling priority by `nice` steps (Linux: a thread's nice value, inherited by the
+/// threads it starts, such as the HNSW builders); elsewhere, or at 0, nothing. A thread cannot raise its priority
+/// back without privilege, so it is called on a thread of its own.
+fn lower_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    if nice > 0 {
+        // SAFETY: plain system calls on the calling thread's id; no memory is shared with them.
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            let now = libc::getpriority(libc::PRIO_PROCESS as _, tid);
+            if libc::setpriority(libc::PRIO_PROCESS as _, tid, (now + nice).min(19)) != 0 {
+                tracing::debug!("Could not lower the store maintenance's priority.");
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 impl Drop for Shard {
@@ -366,7 +389,12 @@ impl Shard {
             slots.peak.fetch_max(now, Ordering::SeqCst);
             m.store_maintenance_shards.with_label_values(&["running"]).inc();
             let ended = slots.clone();
-            let _ = tokio::task::spawn_blocking(move || {
+            let (nice, failed, not_running) = (slots.nice, slots.clone(), running.clone());
+            // A thread of its own, at a lower priority (on cores the pipeline keeps busy, the writes that the
+            // input's offsets wait for come first and maintenance takes what they leave), joined from the
+            // blocking pool so that a runtime shutting down gives it `store.maintenance_wait_ms` as before.
+            let maintain = move || {
+                lower_priority(nice);
                 let clock = Instant::now();
                 match shard.flush().and_then(|()| shard.optimize()) {
                     Ok(optimized) => tracing::debug!(
@@ -387,6 +415,19 @@ impl Shard {
                 m.store_maintenance_shards.with_label_values(&["running"]).dec();
                 drop(permit);
                 running.store(false, Ordering::SeqCst);
+            };
+            let _ = tokio::task::spawn_blocking(move || {
+                match std::thread::Builder::new().name("clinstream-maint".into()).spawn(maintain) {
+                    Ok(thread) => {
+                        let _ = thread.join();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Could not start a store maintenance thread; it is tried again later.");
+                        failed.running.fetch_sub(1, Ordering::SeqCst);
+                        m.store_maintenance_shards.with_label_values(&["running"]).dec();
+                        not_running.store(false, Ordering::SeqCst);
+                    }
+                }
             })
             .await;
         });
@@ -465,6 +506,7 @@ impl EmbeddedStore {
             permits: Arc::new(tokio::sync::Semaphore::new(s.maintain_concurrency())),
             running: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            nice: s.maintain_nice,
         });
         let mut shards = Vec::with_capacity(n);
         if n == 1 {
@@ -851,6 +893,31 @@ mod tests {
 
     fn hit(id: &str, score: f32) -> Hit {
         Hit { id: id.into(), score, payload: Default::default(), found: Default::default() }
+    }
+
+    /// Maintenance runs below the worker's priority, and so do the threads it starts (the HNSW builders); the
+    /// thread that asked is untouched, and 0 changes nothing.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_maintenance_thread_and_its_helpers_run_at_a_lower_priority() {
+        fn nice() -> i32 {
+            // SAFETY: reads the calling thread's nice value.
+            unsafe { libc::getpriority(libc::PRIO_PROCESS as _, libc::gettid() as libc::id_t) }
+        }
+        let mine = nice();
+        let (before, same, lowered, helper) = std::thread::spawn(|| {
+            let before = nice();
+            lower_priority(0);
+            let same = nice();
+            lower_priority(3);
+            (before, same, nice(), std::thread::spawn(nice).join().expect("helper"))
+        })
+        .join()
+        .expect("maintenance thread");
+        assert_eq!(same, before);
+        assert_eq!(lowered, (before + 3).min(19));
+        assert_eq!(helper, lowered);
+        assert_eq!(nice(), mine);
     }
 
     #[test]
