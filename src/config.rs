@@ -1043,6 +1043,9 @@ impl Settings {
         if !(st.bm25_partial_power.is_finite() && st.bm25_partial_power >= 1.0) {
             problems.push("store.bm25_partial_power: must be a number of at least 1".to_string());
         }
+        if !(0..=19).contains(&st.maintain_nice) {
+            problems.push("store.maintain_nice: must be between 0 (the worker's priority) and 19".to_string());
+        }
         if st.shards == 0 || (st.kind == "embedded" && st.shards > 64) {
             problems.push("store.shards: must be at least 1 (and at most 64 for the embedded store)".to_string());
         }
@@ -1362,6 +1365,7 @@ mod tests {
                 ("CLINSTREAM__RAPTOR__COMPRESS", "1.5"),
                 ("CLINSTREAM__STORE__BM25_FULL_SHARE", "0"),
                 ("CLINSTREAM__STORE__BM25_PARTIAL_POWER", "0.5"),
+                ("CLINSTREAM__STORE__MAINTAIN_NICE", "-5"),
             ]),
         )
         .unwrap_err();
@@ -1378,6 +1382,7 @@ mod tests {
             "raptor.compress: must be between 0 (off) and 1",
             "store.bm25_full_share: must be above 0 and at most 1",
             "store.bm25_partial_power: must be a number of at least 1",
+            "store.maintain_nice: must be between 0",
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }

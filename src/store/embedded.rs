@@ -388,14 +388,15 @@ impl Shard {
             let now = slots.running.fetch_add(1, Ordering::SeqCst) + 1;
             slots.peak.fetch_max(now, Ordering::SeqCst);
             m.store_maintenance_shards.with_label_values(&["running"]).inc();
-            let ended = slots.clone();
-            let (nice, failed, not_running) = (slots.nice, slots.clone(), running.clone());
+            let nice = slots.nice;
+            let ending = Ending { engine: Some(shard), slots, permit: Some(permit), running };
             // A thread of its own, at a lower priority (on cores the pipeline keeps busy, the writes that the
             // input's offsets wait for come first and maintenance takes what they leave), joined from the
             // blocking pool so that a runtime shutting down gives it `store.maintenance_wait_ms` as before.
             let maintain = move || {
                 lower_priority(nice);
                 let clock = Instant::now();
+                let shard = ending.engine.as_ref().expect("held until the end");
                 match shard.flush().and_then(|()| shard.optimize()) {
                     Ok(optimized) => tracing::debug!(
                         optimized,
@@ -408,29 +409,41 @@ impl Shard {
                     size.store(info.points_count as u64, Ordering::SeqCst);
                 }
                 m.store_maintenance_duration.observe(clock.elapsed().as_secs_f64());
-                // The engine and the slot are let go before the task reports itself done: a store dropped once
-                // maintenance is idle releases its directory at once.
-                drop(shard);
-                ended.running.fetch_sub(1, Ordering::SeqCst);
-                m.store_maintenance_shards.with_label_values(&["running"]).dec();
-                drop(permit);
-                running.store(false, Ordering::SeqCst);
+                drop(ending);
             };
             let _ = tokio::task::spawn_blocking(move || {
+                // A thread that cannot start drops `maintain`, and with it the slot (`Ending`).
                 match std::thread::Builder::new().name("clinstream-maint".into()).spawn(maintain) {
                     Ok(thread) => {
                         let _ = thread.join();
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "Could not start a store maintenance thread; it is tried again later.");
-                        failed.running.fetch_sub(1, Ordering::SeqCst);
-                        m.store_maintenance_shards.with_label_values(&["running"]).dec();
-                        not_running.store(false, Ordering::SeqCst);
+                        tracing::warn!(error = %e, "Could not start a store maintenance thread; it is tried again later.")
                     }
                 }
             })
             .await;
         });
+    }
+}
+
+/// A running maintenance's hold on its shard and slot, given up when it ends however it ends (done, failed, a
+/// panic, or a thread that could not start): the engine and the slot first, then the shard is marked idle, so a
+/// store dropped once maintenance is idle releases its directory at once.
+struct Ending {
+    engine: Option<Arc<EdgeShard>>,
+    slots: Arc<Slots>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    running: Arc<AtomicBool>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        drop(self.engine.take());
+        self.slots.running.fetch_sub(1, Ordering::SeqCst);
+        metrics().store_maintenance_shards.with_label_values(&["running"]).dec();
+        drop(self.permit.take());
+        self.running.store(false, Ordering::SeqCst);
     }
 }
 
@@ -918,6 +931,30 @@ mod tests {
         assert_eq!(lowered, (before + 3).min(19));
         assert_eq!(helper, lowered);
         assert_eq!(nice(), mine);
+    }
+
+    /// A maintenance that panics (or never starts) still gives back its slot and marks its shard idle, so the
+    /// shard is maintained again and shutdown does not wait for it.
+    #[test]
+    fn a_maintenance_that_panics_gives_back_its_slot() {
+        let slots = Arc::new(Slots {
+            permits: Arc::new(tokio::sync::Semaphore::new(1)),
+            running: AtomicUsize::new(1),
+            peak: AtomicUsize::new(1),
+            nice: 0,
+        });
+        let permit = slots.permits.clone().try_acquire_owned().expect("the one slot");
+        let running = Arc::new(AtomicBool::new(true));
+        let ending = Ending { engine: None, slots: slots.clone(), permit: Some(permit), running: running.clone() };
+        let panicked = std::thread::spawn(move || {
+            let _held = ending;
+            panic!("maintenance failed");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert_eq!(slots.permits.available_permits(), 1);
+        assert_eq!(slots.running.load(Ordering::SeqCst), 0);
+        assert!(!running.load(Ordering::SeqCst));
     }
 
     #[test]
