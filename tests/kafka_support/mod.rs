@@ -53,7 +53,7 @@ impl Broker {
         assert!(self.child.is_none(), "broker already running");
         let script = format!(
             "'{NOIDA}' start --only kafka --host 127.0.0.1 --kafka-port {} --data-dir '{}' >>'{}/broker.log' 2>&1 & b=$!; \
-             trap 'kill $b 2>/dev/null; exit 0' TERM; \
+             trap 'kill $b 2>/dev/null; wait $b; exit 0' TERM; \
              while kill -0 {} 2>/dev/null && kill -0 $b 2>/dev/null; do sleep 0.2; done; kill $b 2>/dev/null; wait $b",
             self.port,
             self.data_dir.display(),
@@ -69,7 +69,9 @@ impl Broker {
         }
     }
 
-    /// Stops the broker (SIGTERM to the watchdog, which stops noida-db and waits for it).
+    /// Stops the broker (SIGTERM to the watchdog, which stops noida-db and waits for it to exit: a closed port
+    /// alone does not mean its data is on disk, and a broker restarted on the same directory before that would
+    /// start from older data).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
