@@ -34,20 +34,16 @@ def cores():
 
 
 def threads(pid):
+    """Each thread's role, CPU seconds and seconds runnable but waiting, by thread id (the names from
+    kafka_e2e.thread_ticks, the times from the kernel's schedstat)."""
     seen = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return seen
-    for tid in tids:
+    for tid, (name, _) in kafka_e2e.thread_ticks(pid).items():
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                s = f.read()
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 cpu_ns, wait_ns = (int(x) for x in f.read().split()[:2])
         except OSError:
             continue
-        seen[tid] = (role(s[s.index("(") + 1:s.rindex(")")]), cpu_ns / 1e9, wait_ns / 1e9)
+        seen[tid] = (role(name), cpu_ns / 1e9, wait_ns / 1e9)
     return seen
 
 
@@ -89,7 +85,7 @@ def main():
         print(f"{result['notes_per_s']} notes/s, cores busy {result['cores_busy']:.2f} of {os.cpu_count()}",
               file=sys.stderr)
         for name, r in sorted(roles.items(), key=lambda x: -x[1]["cpu_s"]):
-            print(f"  {name:26s} {r['threads']:3d} threads  cpu {r['cpu_s']:6.2f} s  runnable, waiting "
+            print(f"  {name:32s} {r['threads']:3d} threads  cpu {r['cpu_s']:6.2f} s  runnable, waiting "
                   f"{r['runqueue_wait_s']:6.2f} s", file=sys.stderr)
         print(json.dumps(result))
     finally:
