@@ -45,7 +45,7 @@ pub struct RunOptions {
     pub progress: bool,
 }
 
-/// The worker's work for one record: the text stages on the blocking pool (with a fetch first when the note is
+/// The worker's work for one record: the text stages on the CPU pool (`pool`) (with a fetch first when the note is
 /// only referenced), then (when indexing) chunks, vectors and points, awaited before the document counts as done.
 pub struct PipelineWork {
     pub pipeline: Arc<Pipeline>,
@@ -62,7 +62,7 @@ impl<R: Record> Work<R> for PipelineWork {
     }
 }
 
-/// One event's work as a task: the text stages on the blocking pool (a referenced attachment fetched in between),
+/// One event's work as a task: the text stages on the CPU pool (a referenced attachment fetched in between),
 /// then (when indexing) chunks, vectors and points, awaited before the document counts as done.
 pub fn spawn_document(
     pipeline: Arc<Pipeline>,
@@ -70,7 +70,7 @@ pub fn spawn_document(
     fetcher: Option<Arc<Fetcher>>,
     start: impl FnOnce(&Pipeline) -> Result<Step, Rejected> + Send + 'static,
 ) -> JoinHandle<Result<Document, Rejected>> {
-    tokio::spawn(async move {
+    tokio::spawn(crate::pool::enter(async move {
         let p = Arc::clone(&pipeline);
         let step = on_blocking_pool(move || start(&p)).await?;
         let doc = match step {
@@ -100,17 +100,17 @@ pub fn spawn_document(
         metrics().stage_duration.with_label_values(&["index"]).observe(clock.elapsed().as_secs_f64());
         // The indexing steps are done with it, so this is the only reference left.
         Ok(Arc::try_unwrap(doc).unwrap_or_else(|shared| (*shared).clone()))
-    })
+    }))
 }
 
-/// Runs a stage call on the blocking pool; a panic there becomes an `internal_error` dead letter.
+/// Runs a stage call on the CPU pool (`pool`, in the document's turn); a panic there becomes an `internal_error` dead letter.
 async fn on_blocking_pool<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Rejected> + Send + 'static,
 ) -> Result<T, Rejected> {
-    match tokio::task::spawn_blocking(f).await {
+    match crate::pool::run(f).await {
         Ok(result) => result,
-        Err(join_error) => {
-            error!(panic = join_error.is_panic(), "A stage failed unexpectedly.");
+        Err(crate::pool::Panicked) => {
+            error!(panic = true, "A stage failed unexpectedly.");
             Err(Rejected {
                 error: DocError::new(ErrorCode::InternalError, Stage::Decode, "a stage failed unexpectedly"),
                 doc_id: None,

@@ -291,7 +291,7 @@ impl SeosVectors {
 #[derive(Clone)]
 pub struct Chunker {
     embedder: Embedder,
-    /// The CPU side (tokenizing units, planning, BM25, payloads), shared with the blocking pool.
+    /// The CPU side (tokenizing units, planning, BM25, payloads), shared with the CPU pool.
     cpu: Arc<Cpu>,
 }
 
@@ -312,7 +312,7 @@ enum ChunkInputs {
     Composed(Vec<Vec<f32>>),
 }
 
-/// What the CPU-bound steps need; they run on the blocking pool (`Indexer::on_cpu`), never on the async workers.
+/// What the CPU-bound steps need; they run on the CPU pool (`Indexer::on_cpu`), never on the async workers.
 struct Cpu {
     /// For the tokenizer and the model's name (the model itself is only called from async code).
     embedder: Embedder,
@@ -474,19 +474,19 @@ impl Chunker {
         self.cpu.neighbours
     }
 
-    /// Runs CPU-bound work on the blocking pool with the document, off the async workers.
+    /// Runs CPU-bound work on the CPU pool with the document (in its turn: `pool`), off the async workers.
     async fn on_cpu<T: Send + 'static>(
         &self,
         doc: &Arc<Document>,
         f: impl FnOnce(&Cpu, &Document) -> T + Send + 'static,
     ) -> Result<T, DocError> {
         let (cpu, doc) = (Arc::clone(&self.cpu), Arc::clone(doc));
-        tokio::task::spawn_blocking(move || f(&cpu, &doc))
+        crate::pool::run(move || f(&cpu, &doc))
             .await
             .map_err(|_| DocError::new(ErrorCode::InternalError, Stage::Index, "an indexing step failed unexpectedly"))
     }
 
-    /// The document's chunks and their dense vectors. Tokenizing, composing and planning run on the blocking
+    /// The document's chunks and their dense vectors. Tokenizing, composing and planning run on the CPU
     /// pool; embedding on the model thread; only the awaiting happens on the async workers (on a GPU the async
     /// workers would otherwise be the bound: docs/benchmarks.md, "One GPU worker").
     pub async fn chunk(&self, doc: &Arc<Document>) -> Result<Chunked, DocError> {
@@ -556,7 +556,7 @@ impl Chunker {
         Ok(Chunked { chunks, vectors, units, embedded_tokens })
     }
 
-    /// The points the worker writes for a chunked document (on the blocking pool): its chunks with their vectors,
+    /// The points the worker writes for a chunked document (on the CPU pool): its chunks with their vectors,
     /// BM25 vectors and payloads, then its entity windows; and how many of them are chunks.
     pub async fn points(
         &self,
@@ -652,7 +652,7 @@ impl Indexer {
     }
 
     /// Indexes one document; returns the number of chunks written. Tokenizing, planning, BM25 and payloads run
-    /// on the blocking pool; embedding on the model thread; only the awaiting happens on the async workers.
+    /// on the CPU pool; embedding on the model thread; only the awaiting happens on the async workers.
     pub async fn index(&self, doc: &Arc<Document>) -> Result<usize, DocError> {
         let note = &doc.note;
         if note.entered_in_error {

@@ -11,6 +11,7 @@
 //! * `model` — domain types: the FHIR subset, `Note`, `Section`, `Sentence`, mentions and assertions, variable
 //!   results, knowledge-graph deltas, `Document`, `Origin`, `DeadLetter`.
 //! * `telemetry` — logging (PHI-free, structured), every metric name, the process's health flags.
+//! * `pool` — the documents' CPU pool: every document's CPU-bound steps, the oldest document's first.
 //! * `lexicon` — vocabularies and the phrase matcher (one automaton, word boundaries, longest match).
 //! * `stages` — pure synchronous stages: decode, attachment, charset, html, rtf, sections, sentences, mentions,
 //!   assertion, clear (variables), kg (graph deltas), chunk planning.
@@ -60,6 +61,7 @@ pub mod kg;
 pub mod lexicon;
 pub mod llm;
 pub mod model;
+pub mod pool;
 pub mod query;
 pub mod runner;
 pub mod serve;

@@ -14,6 +14,7 @@ const LAYERS: &[&str] = &[
     "backoff",
     "model",
     "telemetry",
+    "pool",
     "lexicon",
     "stages",
     "codec",

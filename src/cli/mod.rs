@@ -118,6 +118,7 @@ fn chain(e: &anyhow::Error) -> String {
 /// The worker's async runtime: `pipeline.async_threads` async threads, a blocking pool (the CPU-bound stages) of
 /// one thread per `pipeline.workers` and one more.
 pub fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
+    crate::pool::start(settings.worker_threads());
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.async_threads())
         .max_blocking_threads(settings.worker_threads() + 1)
