@@ -55,15 +55,19 @@ impl Ord for Step {
 
 /// Starts the pool with `threads` threads (once per process; later calls keep the first pool).
 pub fn start(threads: usize) {
-    POOL.get_or_init(|| {
+    let mut first = false;
+    let pool: &'static Pool = POOL.get_or_init(|| {
+        first = true;
+        Pool { queue: Mutex::new(BinaryHeap::new()), ready: Condvar::new() }
+    });
+    if first {
         for i in 0..threads.max(1) {
             std::thread::Builder::new()
                 .name(format!("clinstream-cpu-{i}"))
-                .spawn(work)
+                .spawn(move || work(pool))
                 .expect("starting a CPU pool thread");
         }
-        Pool { queue: Mutex::new(BinaryHeap::new()), ready: Condvar::new() }
-    });
+    }
 }
 
 fn pool() -> &'static Pool {
@@ -71,14 +75,7 @@ fn pool() -> &'static Pool {
     POOL.get().expect("started above")
 }
 
-fn work() {
-    let pool = loop {
-        // The pool is set right after its threads are spawned.
-        if let Some(p) = POOL.get() {
-            break p;
-        }
-        std::thread::yield_now();
-    };
+fn work(pool: &'static Pool) {
     loop {
         let step = {
             let mut queue = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
