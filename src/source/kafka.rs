@@ -3,8 +3,10 @@
 //!
 //! * Backpressure: when the channel is full the thread holds records back (in order) and keeps polling; when
 //!   records wait for the runner (its in-flight budget full) without a break for `kafka.pause_after_ms` (or the
-//!   held records reach sixteen times `pipeline.in_flight`, at least 1,024) it pauses the assigned partitions, and
-//!   resumes them when half of what waited at the pause is left.
+//!   held records reach `HELD_BYTES`) it pauses the assigned partitions, and resumes them when half of what waited
+//!   at the pause is left. A pause is costly — librdkafka drops what it prefetched for a paused partition and a
+//!   resumed one fetches again, which took about half a second against the test broker — so the held records are
+//!   bounded by their bytes, not by a count a single fetch of small notes overruns.
 //!   Polling never stops, so the worker stays in the group (`max.poll.interval.ms`).
 //! * Idle backoff: Apache Kafka holds a fetch with nothing to return for `fetch.wait.max.ms`; a broker seen in
 //!   librdkafka's statistics answering empty fetches at once (more than `EAGER_EMPTY_FETCHES` a second per broker;
@@ -105,9 +107,8 @@ pub type KafkaIntake = Intake<KafkaRecord>;
 /// Shared between the intake thread (callbacks) and the runner.
 pub struct IntakeContext {
     tx: mpsc::Sender<KafkaIntake>,
-    /// Items the channel had no room for, in order; only the intake thread touches it.
-    held: Mutex<VecDeque<KafkaIntake>>,
-    held_limit: usize,
+    /// Items the channel had no room for, in order, and their bytes (`held_bytes`); only the intake thread touches it.
+    held: Mutex<Held>,
     drain_timeout: Duration,
     /// Set before the consumer is closed: the final revocation needs no drain.
     closing: AtomicBool,
@@ -123,6 +124,26 @@ pub struct IntakeContext {
     /// commits only assigned partitions, and the committed offsets with librdkafka's end offsets give the lag.
     ledger: Arc<Ledger>,
     topic_names: Mutex<Vec<Arc<str>>>,
+}
+
+/// Records held back for a full channel beyond these bytes (payloads plus `HELD_RECORD_OVERHEAD` each) pause intake
+/// at once: about what librdkafka prefetches for one partition by default (`queued.max.messages.kbytes`), so memory
+/// stays bounded for notes of any size while a fetch's worth of small notes never triggers a pause.
+const HELD_BYTES: usize = 64 << 20;
+/// What one held record costs beside its payload (the record, its message's metadata, the queue's slot).
+const HELD_RECORD_OVERHEAD: usize = 256;
+
+#[derive(Default)]
+struct Held {
+    items: VecDeque<KafkaIntake>,
+    bytes: usize,
+}
+
+fn held_bytes(item: &KafkaIntake) -> usize {
+    match item {
+        Intake::Record(r) => r.payload().len() + HELD_RECORD_OVERHEAD,
+        _ => HELD_RECORD_OVERHEAD,
+    }
 }
 
 /// Empty fetches a second (per broker asked) above which a broker is taken not to hold empty fetches: Apache Kafka
@@ -186,43 +207,46 @@ impl IntakeContext {
     /// Queues an item behind anything held, then hands over what fits.
     fn push(&self, item: KafkaIntake) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.push_back(item);
+        held.bytes += held_bytes(&item);
+        held.items.push_back(item);
         Self::hand_over(&self.tx, &mut held);
     }
 
-    fn hand_over(tx: &mpsc::Sender<KafkaIntake>, held: &mut VecDeque<KafkaIntake>) {
-        while let Some(item) = held.pop_front() {
+    fn hand_over(tx: &mpsc::Sender<KafkaIntake>, held: &mut Held) {
+        while let Some(item) = held.items.pop_front() {
+            let bytes = held_bytes(&item);
             match tx.try_send(item) {
-                Ok(()) => {}
+                Ok(()) => held.bytes -= bytes,
                 Err(mpsc::error::TrySendError::Full(item)) => {
-                    held.push_front(item);
+                    held.items.push_front(item);
                     return;
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => {
-                    held.clear();
+                    *held = Held::default();
                     return;
                 }
             }
         }
     }
 
-    fn held_len(&self) -> usize {
+    /// Records held after a hand-over, and their bytes.
+    fn held_len(&self) -> (usize, usize) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         Self::hand_over(&self.tx, &mut held);
-        held.len()
+        (held.items.len(), held.bytes)
     }
 
-    /// Items waiting for the runner: held here plus queued in the channel (after a hand-over).
+    /// Items waiting for the runner: held here plus queued in the channel (after a hand-over), and the held bytes.
     fn buffered(&self) -> (usize, usize) {
-        let held = self.held_len();
-        (held, held + self.tx.max_capacity() - self.tx.capacity())
+        let (held, bytes) = self.held_len();
+        (bytes, held + self.tx.max_capacity() - self.tx.capacity())
     }
 
     /// Hands over everything held and then `item`, waiting for room until `deadline`. False on timeout.
     fn push_all_until(&self, item: KafkaIntake, deadline: Instant) -> bool {
         self.push(item);
         loop {
-            if self.held_len() == 0 {
+            if self.held_len().0 == 0 {
                 return true;
             }
             if Instant::now() >= deadline || self.tx.is_closed() {
@@ -405,10 +429,7 @@ pub fn start(
     let (tx, rx) = mpsc::channel(capacity);
     let context = IntakeContext {
         tx,
-        held: Mutex::new(VecDeque::new()),
-        // Held records beyond this pause intake at once (bounds memory when documents are slow); large enough
-        // that a pause/resume cycle is rare.
-        held_limit: (settings.pipeline.in_flight * 16).max(capacity).max(1024),
+        held: Mutex::new(Held::default()),
         drain_timeout: Duration::from_millis(k.drain_timeout_ms),
         closing: AtomicBool::new(false),
         paused: AtomicBool::new(false),
@@ -453,14 +474,14 @@ fn poll_loop(consumer: &IntakeConsumer, stop: &AtomicBool, pause_after: Duration
     let mut recheck = true;
     let mut idle_until: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
-        let (held, buffered) = ctx.buffered();
+        let (held_bytes, buffered) = ctx.buffered();
         if buffered == 0 {
             waiting_since = None;
         } else {
             waiting_since.get_or_insert_with(Instant::now);
         }
         let paused = ctx.paused.load(Ordering::SeqCst);
-        let exhausted = waiting_since.is_some_and(|t| t.elapsed() >= pause_after) || held >= ctx.held_limit;
+        let exhausted = waiting_since.is_some_and(|t| t.elapsed() >= pause_after) || held_bytes >= HELD_BYTES;
         if !paused && exhausted {
             set_paused(consumer, true);
             buffered_at_pause = buffered;
@@ -602,5 +623,60 @@ fn set_paused(consumer: &IntakeConsumer, pause: bool) {
         info!("In-flight budget exhausted; pausing intake.");
     } else {
         info!("Resuming intake.");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+
+    fn record(offset: i64, bytes: usize) -> KafkaIntake {
+        let message =
+            OwnedMessage::new(Some(vec![b'x'; bytes]), None, "notes".into(), Timestamp::NotAvailable, 0, offset, None);
+        Intake::Record(KafkaRecord {
+            topic: "notes".into(),
+            partition: 0,
+            offset,
+            message: Arc::new(message),
+            entry: None,
+        })
+    }
+
+    fn offsets(rx: &mut mpsc::Receiver<KafkaIntake>) -> Vec<i64> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|i| match i {
+                Intake::Record(r) => r.offset,
+                _ => -1,
+            })
+            .collect()
+    }
+
+    /// What the channel has no room for is held in order and counted by its bytes, which go down as it is handed
+    /// over; a closed channel drops it all.
+    #[test]
+    fn held_records_are_counted_by_their_bytes_and_handed_over_in_order() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let mut held = Held::default();
+        for (offset, bytes) in [(0, 10), (1, 1_000), (2, 100_000), (3, 5)] {
+            held.bytes += held_bytes(&record(offset, bytes));
+            held.items.push_back(record(offset, bytes));
+            IntakeContext::hand_over(&tx, &mut held);
+        }
+        assert_eq!(held.items.len(), 2);
+        assert_eq!(held.bytes, 100_000 + 5 + 2 * HELD_RECORD_OVERHEAD);
+        assert_eq!(offsets(&mut rx), [0, 1]);
+        IntakeContext::hand_over(&tx, &mut held);
+        assert_eq!((held.items.len(), held.bytes), (0, 0));
+        assert_eq!(offsets(&mut rx), [2, 3]);
+        for offset in 4..8 {
+            held.bytes += held_bytes(&record(offset, 1 << 20));
+            held.items.push_back(record(offset, 1 << 20));
+        }
+        IntakeContext::hand_over(&tx, &mut held);
+        assert_eq!(held.bytes, 2 * ((1 << 20) + HELD_RECORD_OVERHEAD));
+        drop(rx);
+        IntakeContext::hand_over(&tx, &mut held);
+        assert_eq!((held.items.len(), held.bytes), (0, 0));
     }
 }
