@@ -71,6 +71,11 @@ pub fn start(threads: usize) {
 }
 
 fn pool() -> &'static Pool {
+    if let Some(pool) = POOL.get() {
+        return pool;
+    }
+    // Not started with the worker's runtime (the lab's tools, tests): one thread per core. Asked once: the core
+    // count reads the cgroup's files each time.
     start(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     POOL.get().expect("started above")
 }
