@@ -132,10 +132,7 @@ def main():
         stores.append(("qdrant", {"CLINSTREAM__STORE__KIND": "qdrant", "CLINSTREAM__STORE__URL": url}))
     work = tempfile.mkdtemp(prefix="clinstream-capacity-")
     try:
-        events = os.path.join(work, "events.ndjson")
-        with open(events, "w") as f:
-            for line in kafka_e2e.notes(csv_path, n):
-                f.write(line + "\n")
+        events = kafka_e2e.write_events(csv_path, n, os.path.join(work, "events.ndjson"))
         best = {}
 
         def keep(key, value):

@@ -125,6 +125,15 @@ def notes(path, n):
                                                       "data": base64.b64encode(text.encode()).decode()}}]})
 
 
+def write_events(csv_path, n, path):
+    """Writes the first N non-empty notes as DocumentReference NDJSON to `path` (the input of a file run or of
+    `clinstream produce`); returns the path."""
+    with open(path, "w") as f:
+        for line in notes(csv_path, n):
+            f.write(line + "\n")
+    return path
+
+
 def run(bin_, events_path, n, workers, work):
     port = free_port()
     data = tempfile.mkdtemp(dir=work)
@@ -255,10 +264,7 @@ def main():
     bin_, csv_path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     counts = [int(w) for w in sys.argv[4:]] or [1, 2]
     work = tempfile.mkdtemp(prefix="clinstream-e2e-")
-    events = os.path.join(work, "events.ndjson")
-    with open(events, "w") as f:
-        for line in notes(csv_path, n):
-            f.write(line + "\n")
+    events = write_events(csv_path, n, os.path.join(work, "events.ndjson"))
     # E2E_ROUNDS: runs per worker count (a fresh broker each); the best is reported, with every round's notes/s, as
     # the file-mode runs (bench/seos_e2e.py) report theirs: this shared machine drifts by ±15 % from run to run.
     rounds = max(1, int(os.environ.get("E2E_ROUNDS", "1")))

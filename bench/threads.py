@@ -52,10 +52,7 @@ def main():
     extra = dict(a.split("=", 1) for a in sys.argv[4:])
     work = tempfile.mkdtemp(prefix="clinstream-threads-")
     try:
-        events = os.path.join(work, "events.ndjson")
-        with open(events, "w") as f:
-            for line in kafka_e2e.notes(csv_path, n):
-                f.write(line + "\n")
+        events = kafka_e2e.write_events(csv_path, n, os.path.join(work, "events.ndjson"))
         out = os.path.join(work, "out")
         env = dict(os.environ, CLINSTREAM__STORE__KIND="embedded", CLINSTREAM__STORE__PATH=os.path.join(out, "qdrant"),
                    CLINSTREAM__LOG__LEVEL="warn", CLINSTREAM__EMBED__EXECUTION_PROVIDER="synthetic",

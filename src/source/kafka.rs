@@ -139,6 +139,13 @@ struct Held {
     bytes: usize,
 }
 
+impl Held {
+    fn push(&mut self, item: KafkaIntake) {
+        self.bytes += held_bytes(&item);
+        self.items.push_back(item);
+    }
+}
+
 fn held_bytes(item: &KafkaIntake) -> usize {
     match item {
         Intake::Record(r) => r.payload().len() + HELD_RECORD_OVERHEAD,
@@ -207,8 +214,7 @@ impl IntakeContext {
     /// Queues an item behind anything held, then hands over what fits.
     fn push(&self, item: KafkaIntake) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.bytes += held_bytes(&item);
-        held.items.push_back(item);
+        held.push(item);
         Self::hand_over(&self.tx, &mut held);
     }
 
@@ -659,8 +665,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(2);
         let mut held = Held::default();
         for (offset, bytes) in [(0, 10), (1, 1_000), (2, 100_000), (3, 5)] {
-            held.bytes += held_bytes(&record(offset, bytes));
-            held.items.push_back(record(offset, bytes));
+            held.push(record(offset, bytes));
             IntakeContext::hand_over(&tx, &mut held);
         }
         assert_eq!(held.items.len(), 2);
@@ -670,8 +675,7 @@ mod tests {
         assert_eq!((held.items.len(), held.bytes), (0, 0));
         assert_eq!(offsets(&mut rx), [2, 3]);
         for offset in 4..8 {
-            held.bytes += held_bytes(&record(offset, 1 << 20));
-            held.items.push_back(record(offset, 1 << 20));
+            held.push(record(offset, 1 << 20));
         }
         IntakeContext::hand_over(&tx, &mut held);
         assert_eq!(held.bytes, 2 * ((1 << 20) + HELD_RECORD_OVERHEAD));
