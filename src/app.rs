@@ -72,7 +72,7 @@ pub fn spawn_document(
 ) -> JoinHandle<Result<Document, Rejected>> {
     tokio::spawn(crate::pool::enter(async move {
         let p = Arc::clone(&pipeline);
-        let step = on_blocking_pool(move || start(&p)).await?;
+        let step = on_cpu_pool(move || start(&p)).await?;
         let doc = match step {
             Step::Done(doc) => *doc,
             Step::Fetch(pending) => {
@@ -88,7 +88,7 @@ pub fn spawn_document(
                 let fetched = fetcher.fetch(&pending.url).await.map_err(|error| Rejected { error, doc_id })?;
                 metrics().stage_duration.with_label_values(&["fetch"]).observe(clock.elapsed().as_secs_f64());
                 let p = Arc::clone(&pipeline);
-                on_blocking_pool(move || p.resume(pending, fetched)).await?
+                on_cpu_pool(move || p.resume(pending, fetched)).await?
             }
         };
         let Some(indexer) = indexer else { return Ok(doc) };
@@ -103,8 +103,9 @@ pub fn spawn_document(
     }))
 }
 
-/// Runs a stage call on the CPU pool (`pool`, in the document's turn); a panic there becomes an `internal_error` dead letter.
-async fn on_blocking_pool<T: Send + 'static>(
+/// Runs a stage call on the CPU pool (`pool`, in the document's turn); a panic there becomes an `internal_error`
+/// dead letter.
+async fn on_cpu_pool<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Rejected> + Send + 'static,
 ) -> Result<T, Rejected> {
     match crate::pool::run(f).await {

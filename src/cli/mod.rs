@@ -115,8 +115,9 @@ fn chain(e: &anyhow::Error) -> String {
     out
 }
 
-/// The worker's async runtime: `pipeline.async_threads` async threads, a blocking pool (the CPU-bound stages) of
-/// one thread per `pipeline.workers` and one more.
+/// The worker's async runtime — `pipeline.async_threads` async threads and a blocking pool (blocking client calls,
+/// store reads and conversions) of up to one thread per `pipeline.workers` and one more — after starting the
+/// documents' CPU pool (`pool`: `pipeline.workers` threads for the CPU-bound stages).
 pub fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
     crate::pool::start(settings.worker_threads());
     tokio::runtime::Builder::new_multi_thread()
