@@ -3,8 +3,9 @@
 //! * File mode (`run_files`): the file reader thread → the runner → the file sink; no acknowledgements.
 //! * Kafka mode (`run_kafka`): connect (indexer, topics, Schema Registry, producer, consumer group; a shutdown
 //!   signal ends the wait for an unreachable cluster) → the Kafka source → the runner → the Kafka sink, with the
-//!   ack core committing per-partition watermarks every `kafka.commit_interval_ms`, on every revocation and at
-//!   shutdown. A halt aborts the open transaction and returns before committing.
+//!   ack core committing per-partition watermarks every `kafka.commit_interval_ms`, once idle for
+//!   `kafka.commit_idle_ms` after a finished document, on every revocation and at shutdown. A halt aborts the open
+//!   transaction and returns before committing.
 //!
 //! Both start the health server first, compile the pipeline (every name check runs here, before the first event),
 //! start the indexer when indexing is on, and flush the store at the end.
@@ -282,6 +283,7 @@ pub async fn run_files(
         in_flight: settings.pipeline.in_flight,
         max_message_bytes: settings.input.max_message_bytes,
         commit_interval: None,
+        commit_when_idle: None,
     };
     let mut runner = Runner::new(opts, &work, &mut sink, &mut acks);
     readiness.set(true);
@@ -367,6 +369,7 @@ pub async fn run_kafka(settings: &Settings, shutdown: impl Future<Output = ()>) 
         in_flight: settings.pipeline.in_flight,
         max_message_bytes: settings.input.max_message_bytes,
         commit_interval: Some(std::time::Duration::from_millis(k.commit_interval_ms)),
+        commit_when_idle: (k.commit_idle_ms > 0).then(|| std::time::Duration::from_millis(k.commit_idle_ms)),
     };
     let mut rebuilds = Rebuilds::new(k);
     let mut total = Summary::default();

@@ -470,6 +470,9 @@ pub struct KafkaSettings {
     pub transactions: bool,
     pub transactional_id: String,
     pub commit_interval_ms: u64,
+    /// Commit as soon as the worker has been idle this long after finishing a record (nothing in flight, no record
+    /// arriving), rather than at the next `commit_interval_ms`; 0 = only at the interval.
+    pub commit_idle_ms: u64,
     pub pause_after_ms: u64,
     /// Against a broker that answers empty fetches at once (seen in librdkafka's statistics), how long intake
     /// pauses once it is caught up before fetching again; 0 never pauses. Apache Kafka is never paused for it.

@@ -6,8 +6,9 @@
 //!   order. A full queue makes the runner wait for its oldest task before reading more; a full channel blocks the
 //!   intake — that is the backpressure.
 //! * Out: the `Outputs` side gets each outcome in order (`document` or `dead_letter`), then the ack core hears
-//!   that the record is finished (`Acks::finished`). `checkpoint` runs every `commit_interval` (when set), on a
-//!   revocation (after draining, before answering), and at the end. A rejection whose code halts (the index
+//!   that the record is finished (`Acks::finished`). `checkpoint` runs every `commit_interval` (when set), once
+//!   the runner has been idle for `commit_when_idle` after finishing a record (when set: nothing in flight, no
+//!   record arriving), on a revocation (after draining, before answering), and at the end. A rejection whose code halts (the index
 //!   failed) stops the run *before* its outputs or watermark, so nothing after it is committed.
 //! * Shutdown: when `shutdown` resolves, stop taking records, finish what is in flight, checkpoint, return the
 //!   summary. A halt returns the error at once; the caller aborts the outputs and commits nothing.
@@ -47,6 +48,10 @@ pub struct RunnerOptions {
     pub max_message_bytes: usize,
     /// Checkpoint this often (Kafka: `kafka.commit_interval_ms`); `None`: only at revocations and the end.
     pub commit_interval: Option<Duration>,
+    /// Checkpoint when nothing is in flight and no record has arrived for this long since a record finished
+    /// (Kafka: `kafka.commit_idle_ms`), so the end of a burst or a lone note is not held back a whole interval;
+    /// `None`: only at the interval. At most one such checkpoint per finished record.
+    pub commit_when_idle: Option<Duration>,
 }
 
 /// Counts for the end-of-run summary.
@@ -153,6 +158,8 @@ pub struct Runner<'a, R, W, O> {
     outputs: &'a mut O,
     acks: &'a mut Acks,
     in_flight: VecDeque<Entry<R>>,
+    /// A record finished since the last checkpoint (what an idle checkpoint waits for).
+    finished_since_checkpoint: bool,
     pub summary: Summary,
 }
 
@@ -164,7 +171,7 @@ where
 {
     pub fn new(opts: RunnerOptions, work: &'a W, outputs: &'a mut O, acks: &'a mut Acks) -> Self {
         let in_flight = VecDeque::with_capacity(opts.in_flight);
-        Runner { opts, work, outputs, acks, in_flight, summary: Summary::default() }
+        Runner { opts, work, outputs, acks, in_flight, finished_since_checkpoint: false, summary: Summary::default() }
     }
 
     /// Runs until the intake ends, `shutdown` resolves, or a halt; then stops the intake, drains and checkpoints.
@@ -225,6 +232,8 @@ where
                 self.finish_front().await?;
             }
             let front_is_task = matches!(self.in_flight.front(), Some(Entry { pending: Pending::Task(_), .. }));
+            let idle =
+                self.opts.commit_when_idle.filter(|_| self.in_flight.is_empty() && self.finished_since_checkpoint);
             tokio::select! {
                 biased;
                 _ = &mut shutdown => {
@@ -232,7 +241,7 @@ where
                     self.summary.interrupted = true;
                     return Ok(());
                 }
-                _ = next_tick(&mut tick) => self.outputs.checkpoint(self.acks).await?,
+                _ = next_tick(&mut tick) => self.checkpoint().await?,
                 done = front_done(&mut self.in_flight), if front_is_task => {
                     if let Some(front) = self.in_flight.front_mut() {
                         front.pending = Pending::Done(Box::new(done));
@@ -243,8 +252,14 @@ where
                     None => return Ok(()),
                     Some(item) => self.intake(item).await?,
                 },
+                () = idle_for(idle) => self.checkpoint().await?,
             }
         }
+    }
+
+    async fn checkpoint(&mut self) -> Result<(), RunError> {
+        self.finished_since_checkpoint = false;
+        self.outputs.checkpoint(self.acks).await
     }
 
     async fn intake(&mut self, item: Intake<R>) -> Result<(), RunError> {
@@ -300,7 +315,7 @@ where
         while !self.in_flight.is_empty() {
             self.finish_front().await?;
         }
-        self.outputs.checkpoint(self.acks).await
+        self.checkpoint().await
     }
 
     async fn finish_front(&mut self) -> Result<(), RunError> {
@@ -346,6 +361,7 @@ where
         if let Some((partition, offset)) = record.as_ref().filter(|r| r.completes_position()).and_then(|r| r.position())
         {
             self.acks.finished(partition, offset);
+            self.finished_since_checkpoint = true;
         }
         self.acks.outcome(dead)
     }
@@ -365,6 +381,13 @@ async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
         Some(t) => {
             t.tick().await;
         }
+        None => std::future::pending().await,
+    }
+}
+
+async fn idle_for(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
 }
@@ -480,6 +503,8 @@ mod tests {
         durable: HashSet<Key>,
         /// Every commit: (partition, next offset).
         commits: Vec<(Partition, i64)>,
+        /// When each checkpoint that committed something ran (time since the case started, on the paused clock).
+        commit_times: Vec<Duration>,
         /// Documents whose store write was applied (a group holding them succeeded).
         stored: HashSet<Key>,
         /// Store groups applied and failed, and the largest group.
@@ -608,6 +633,7 @@ mod tests {
         /// Every message's position, its number of parts and whether it is written (indexed), to check each commit
         /// against the state at that moment.
         positions: Vec<(Partition, i64, usize, bool)>,
+        started: tokio::time::Instant,
     }
 
     impl FakeOutputs {
@@ -653,6 +679,9 @@ mod tests {
                 }
             }
             log.commits.extend(batch.iter().cloned());
+            if !batch.is_empty() {
+                log.commit_times.push(self.started.elapsed());
+            }
             drop(log);
             acks.committed(&batch);
             Ok(())
@@ -678,11 +707,34 @@ mod tests {
         (Arc::from("notes"), n)
     }
 
+    /// How a case commits and how its intake paces the records.
+    #[derive(Clone, Copy)]
+    struct Pace {
+        interval_ms: u64,
+        /// `RunnerOptions::commit_when_idle`.
+        idle_ms: Option<u64>,
+        /// Between two messages, the intake waits this long.
+        gap_ms: u64,
+        /// After the last message, the intake stays open this long before it ends.
+        linger_ms: u64,
+    }
+
+    const PACE: Pace = Pace { interval_ms: 7, idle_ms: None, gap_ms: 0, linger_ms: 0 };
+
     /// Runs one case; returns the log, the records, and the runner's result.
     fn run_case(
         events: Vec<(i32, u64, Outcome, usize)>,
         revoke_every: usize,
         in_flight: usize,
+    ) -> (Log, Vec<Position>, Result<(), RunError>) {
+        run_paced(events, revoke_every, in_flight, PACE)
+    }
+
+    fn run_paced(
+        events: Vec<(i32, u64, Outcome, usize)>,
+        revoke_every: usize,
+        in_flight: usize,
+        pace: Pace,
     ) -> (Log, Vec<Position>, Result<(), RunError>) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
         rt.block_on(async move {
@@ -705,6 +757,9 @@ mod tests {
             let feed_parts = parts_of.clone();
             let intake = tokio::spawn(async move {
                 for (i, ((p, offset, outcome), work_ms)) in feed.into_iter().zip(works).enumerate() {
+                    if pace.gap_ms > 0 && i > 0 {
+                        tokio::time::sleep(Duration::from_millis(pace.gap_ms)).await;
+                    }
                     if revoke_every > 0 && i > 0 && i % revoke_every == 0 {
                         // A rebalance: the runner drains and checkpoints, then the partitions go and come back.
                         let (done, answered) = std::sync::mpsc::sync_channel(1);
@@ -733,6 +788,7 @@ mod tests {
                         }
                     }
                 }
+                tokio::time::sleep(Duration::from_millis(pace.linger_ms)).await;
             });
             let work = FakeWork(Arc::clone(&log), Arc::new(FakeStore::start(Arc::clone(&log))));
             let positions = records
@@ -740,12 +796,18 @@ mod tests {
                 .zip(&parts_of)
                 .map(|((p, o, outcome), n)| (p.clone(), *o, *n, *outcome == Outcome::Written))
                 .collect();
-            let mut outputs = FakeOutputs { log: Arc::clone(&log), durable_after: Duration::from_millis(3), positions };
+            let mut outputs = FakeOutputs {
+                log: Arc::clone(&log),
+                durable_after: Duration::from_millis(3),
+                positions,
+                started: tokio::time::Instant::now(),
+            };
             let mut acks = Acks::new(ledger, None);
             let opts = RunnerOptions {
                 in_flight,
                 max_message_bytes: 1 << 20,
-                commit_interval: Some(Duration::from_millis(7)),
+                commit_interval: Some(Duration::from_millis(pace.interval_ms)),
+                commit_when_idle: pace.idle_ms.map(Duration::from_millis),
             };
             let mut runner = Runner::new(opts, &work, &mut outputs, &mut acks);
             let result = runner.run(rx, &mut FakeIntake, std::future::pending()).await;
@@ -769,8 +831,11 @@ mod tests {
             events in proptest::collection::vec(event(), 1..60),
             revoke_every in 0usize..20,
             in_flight in 1usize..12,
+            idle_ms in proptest::option::of(1u64..20),
+            gap_ms in prop_oneof![3 => Just(0u64), 1 => 1u64..30],
         ) {
-            let (log, records, result) = run_case(events, revoke_every, in_flight);
+            let pace = Pace { idle_ms, gap_ms, linger_ms: 25, ..PACE };
+            let (log, records, result) = run_paced(events, revoke_every, in_flight, pace);
             // The first halting record, in intake order: nothing at or after it may be committed.
             let halt_at = records.iter().position(|r| r.2 == Outcome::Halt);
             prop_assert_eq!(result.is_err(), halt_at.is_some(), "a halt code stops the run");
@@ -828,5 +893,40 @@ mod tests {
         assert!(log.violations.is_empty(), "{:?}", log.violations);
         assert_eq!(log.finished.len(), 5);
         assert_eq!(log.commits.iter().map(|c| c.1).max(), Some(2));
+    }
+
+    #[test]
+    fn an_idle_runner_commits_what_it_finished_without_waiting_for_the_interval() {
+        // Five quick documents, then the intake stays open (a quiet topic) for 2 s; the interval is a minute.
+        let events: Vec<_> = (0..5).map(|_| (0, 1, Outcome::Written, 1)).collect();
+        let pace = Pace { interval_ms: 60_000, idle_ms: Some(5), gap_ms: 0, linger_ms: 2_000 };
+        let (log, _, result) = run_paced(events.clone(), 0, 8, pace);
+        result.unwrap();
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert_eq!(log.commits.first().map(|c| c.1), Some(5), "one commit of all five: {:?}", log.commits);
+        assert!(log.commit_times[0] < Duration::from_millis(100), "committed at {:?}", log.commit_times);
+        assert_eq!(log.commit_times.len(), 1, "nothing new to commit afterwards: {:?}", log.commit_times);
+        // Without it, the documents wait for the end of the run (or the interval).
+        let (log, _, result) = run_paced(events, 0, 8, Pace { idle_ms: None, ..pace });
+        result.unwrap();
+        assert!(log.commit_times[0] >= Duration::from_millis(2_000), "committed at {:?}", log.commit_times);
+    }
+
+    #[test]
+    fn idle_commits_follow_a_trickle_but_not_a_stream() {
+        // A document every 30 ms, each done in 1 ms: the runner is idle between them, so each is committed on its
+        // own, 5 ms after it finished.
+        let events: Vec<_> = (0..6).map(|_| (0, 1, Outcome::Written, 1)).collect();
+        let trickle = Pace { interval_ms: 60_000, idle_ms: Some(5), gap_ms: 30, linger_ms: 500 };
+        let (log, _, result) = run_paced(events.clone(), 0, 8, trickle);
+        result.unwrap();
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        assert_eq!(log.commits.iter().map(|c| c.1).collect::<Vec<_>>(), (1..=6).collect::<Vec<i64>>());
+        // A document every 2 ms, each done in 4 ms: never idle for 5 ms until the last, so one commit.
+        let events: Vec<_> = (0..6).map(|_| (0, 4, Outcome::Written, 1)).collect();
+        let (log, _, result) = run_paced(events, 0, 8, Pace { gap_ms: 2, ..trickle });
+        result.unwrap();
+        assert_eq!(log.commits, vec![(partition(0), 6)], "{:?}", log.commit_times);
+        assert!(log.commit_times[0] < Duration::from_millis(100), "committed at {:?}", log.commit_times);
     }
 }

@@ -749,9 +749,12 @@ fn sigterm_drains_commits_and_a_restart_redelivers_nothing() {
     let dir = test_dir();
     create_topic(&addr, &names.input, 3);
     produce(&addr, &names.input, &documents("first", 400));
-    // A long commit interval: only the shutdown commits.
+    // A long commit interval and no commit when idle: only the shutdown commits.
     let cfg = |tag: &'static str| WorkerConfig {
-        extra: vec![("CLINSTREAM__KAFKA__COMMIT_INTERVAL_MS", "600000".to_string())],
+        extra: vec![
+            ("CLINSTREAM__KAFKA__COMMIT_INTERVAL_MS", "600000".to_string()),
+            ("CLINSTREAM__KAFKA__COMMIT_IDLE_MS", "0".to_string()),
+        ],
         ..WorkerConfig::new(&addr, &names, dir.path(), tag)
     };
     let mut w = Worker::start(&cfg("one"));
