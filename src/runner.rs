@@ -8,8 +8,8 @@
 //! * Out: the `Outputs` side gets each outcome in order (`document` or `dead_letter`), then the ack core hears
 //!   that the record is finished (`Acks::finished`). `checkpoint` runs every `commit_interval` (when set), once
 //!   the runner has been idle for `commit_when_idle` after finishing a record (when set: nothing in flight, no
-//!   record arriving), on a revocation (after draining, before answering), and at the end. A rejection whose code halts (the index
-//!   failed) stops the run *before* its outputs or watermark, so nothing after it is committed.
+//!   record arriving), on a revocation (after draining, before answering), and at the end. A rejection whose code
+//!   halts (the index failed) stops the run *before* its outputs or watermark, so nothing after it is committed.
 //! * Shutdown: when `shutdown` resolves, stop taking records, finish what is in flight, checkpoint, return the
 //!   summary. A halt returns the error at once; the caller aborts the outputs and commits nothing.
 //!

@@ -406,11 +406,12 @@ fn the_image_consumes_serves_probes_and_drains_on_sigterm() {
 
 /// Exactly-once across a replica's crash, as the StatefulSet runs it: the chart's pod with transactions on (its
 /// transactional id and static member id derived from the pod's stable name) processes every note inside one
-/// open transaction (a commit interval longer than the test, no commit when idle), is SIGKILLed, and its successor — the same pod name,
-/// so the same ids — starts at once. The successor's `init_transactions` fences the dead replica's open transaction
-/// (aborted, not left to `transaction.timeout.ms`, here 15 minutes), reprocesses from the committed offsets and
-/// commits at SIGTERM: a `read_committed` consumer sees every note's outputs exactly once, while the log holds the
-/// aborted first copies too. Had the successor waited for the timeout, the deadlines here (minutes) would pass.
+/// open transaction (a commit interval longer than the test, no commit when idle), is SIGKILLed, and its successor
+/// — the same pod name, so the same ids — starts at once. The successor's `init_transactions` fences the dead
+/// replica's open transaction (aborted, not left to `transaction.timeout.ms`, here 15 minutes), reprocesses from the
+/// committed offsets and commits at SIGTERM: a `read_committed` consumer sees every note's outputs exactly once,
+/// while the log holds the aborted first copies too. Had the successor waited for the timeout, the deadlines here
+/// (minutes) would pass.
 #[test]
 fn a_killed_replicas_successor_fences_its_open_transaction_at_once() {
     let Some(tag) = image() else { return };
