@@ -638,6 +638,8 @@ pub struct OutputSettings {
 #[serde(deny_unknown_fields)]
 pub struct PipelineSettings {
     pub workers: usize,
+    /// Nice steps below the worker's other threads at which the CPU pool's threads run (Linux; 0 = the same).
+    pub workers_nice: i32,
     /// Threads of the async runtime (awaiting, the store and Kafka clients); 0 = a quarter of the cores, at
     /// least 2. CPU-bound steps never run there.
     pub async_threads: usize,
@@ -866,6 +868,9 @@ impl Settings {
         }
         if self.pipeline.workers > 1024 {
             problems.push("pipeline.workers: must be at most 1024 (0 = one per core)".to_string());
+        }
+        if !(0..=19).contains(&self.pipeline.workers_nice) {
+            problems.push("pipeline.workers_nice: must be between 0 (the worker's priority) and 19".to_string());
         }
         if self.metrics.addr.parse::<std::net::SocketAddr>().is_err() {
             problems.push(format!("metrics.addr: `{}` is not host:port (e.g. 0.0.0.0:9464)", self.metrics.addr));
@@ -1369,6 +1374,7 @@ mod tests {
                 ("CLINSTREAM__STORE__BM25_FULL_SHARE", "0"),
                 ("CLINSTREAM__STORE__BM25_PARTIAL_POWER", "0.5"),
                 ("CLINSTREAM__STORE__MAINTAIN_NICE", "-5"),
+                ("CLINSTREAM__PIPELINE__WORKERS_NICE", "20"),
             ]),
         )
         .unwrap_err();
@@ -1386,6 +1392,7 @@ mod tests {
             "store.bm25_full_share: must be above 0 and at most 1",
             "store.bm25_partial_power: must be a number of at least 1",
             "store.maintain_nice: must be between 0",
+            "pipeline.workers_nice: must be between 0",
         ] {
             assert!(msg.contains(key), "missing {key} in {msg}");
         }

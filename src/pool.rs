@@ -11,6 +11,12 @@
 //! `pipeline.workers` threads (`clinstream-cpu`), started with the worker's runtime (`start`); a step outside a
 //! document's task (the lab's tools, tests) takes the next number. A step that panics answers an error instead of
 //! a value; the thread goes on.
+//!
+//! The threads run `pipeline.workers_nice` steps below the rest of the worker (Linux). The pool starts documents;
+//! the store's writers, the model thread and the async runtime finish them, and one writer per shard is a serial
+//! path: where the pool took its share of a busy core from a writer, the writer fell behind, the in-flight budget
+//! filled, and the pool then waited in turn. Below them, the pool takes what the finishing side leaves
+//! (docs/benchmarks.md, "Where the cores' idle quarter goes").
 
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,30 +59,63 @@ impl Ord for Step {
     }
 }
 
-/// Starts the pool with `threads` threads (once per process; later calls keep the first pool).
-pub fn start(threads: usize) {
+/// Starts the pool with `threads` threads `nice` steps below the caller's priority (once per process; later calls
+/// keep the first pool).
+pub fn start(threads: usize, nice: i32) {
     let mut first = false;
     let pool: &'static Pool = POOL.get_or_init(|| {
         first = true;
-        Pool { queue: Mutex::new(BinaryHeap::new()), ready: Condvar::new() }
+        Pool::default()
     });
     if first {
-        for i in 0..threads.max(1) {
-            std::thread::Builder::new()
-                .name(format!("clinstream-cpu-{i}"))
-                .spawn(move || work(pool))
-                .expect("starting a CPU pool thread");
+        spawn(pool, threads, nice);
+    }
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool { queue: Mutex::new(BinaryHeap::new()), ready: Condvar::new() }
+    }
+}
+
+fn spawn(pool: &'static Pool, threads: usize, nice: i32) {
+    for i in 0..threads.max(1) {
+        std::thread::Builder::new()
+            .name(format!("clinstream-cpu-{i}"))
+            .spawn(move || {
+                lower_priority(nice);
+                work(pool)
+            })
+            .expect("starting a CPU pool thread");
+    }
+}
+
+/// Lowers the calling thread's scheduling priority by `nice` steps (Linux: a thread's nice value, inherited by the
+/// threads it starts); elsewhere, or at 0, nothing. A thread cannot raise its priority back without privilege, so
+/// it is called on a thread of its own (the pool's, a store maintenance's).
+pub(crate) fn lower_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    if nice > 0 {
+        // SAFETY: plain system calls on the calling thread's id; no memory is shared with them.
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            let now = libc::getpriority(libc::PRIO_PROCESS as _, tid);
+            if libc::setpriority(libc::PRIO_PROCESS as _, tid, (now + nice).min(19)) != 0 {
+                tracing::debug!("Could not lower a thread's priority.");
+            }
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 fn pool() -> &'static Pool {
     if let Some(pool) = POOL.get() {
         return pool;
     }
-    // Not started with the worker's runtime (the lab's tools, tests): one thread per core. Asked once: the core
-    // count reads the cgroup's files each time.
-    start(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    // Not started with the worker's runtime (the lab's tools, tests): one thread per core, at the caller's
+    // priority. Asked once: the core count reads the cgroup's files each time.
+    start(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), 0);
     POOL.get().expect("started above")
 }
 
@@ -132,6 +171,49 @@ mod tests {
         }
         let order: Vec<_> = std::iter::from_fn(|| heap.pop().map(|s| s.key)).collect();
         assert_eq!(order, [(1, 2), (1, 5), (2, 1), (3, 0)]);
+    }
+
+    #[cfg(target_os = "linux")]
+    fn nice() -> i32 {
+        // SAFETY: reads the calling thread's nice value.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS as _, libc::gettid() as libc::id_t) }
+    }
+
+    /// A lowered thread runs below its starter's priority, and so do the threads it starts; the thread that asked
+    /// is untouched, and 0 changes nothing.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_thread_and_its_helpers_run_at_a_lower_priority() {
+        let mine = nice();
+        let (before, same, lowered, helper) = std::thread::spawn(|| {
+            let before = nice();
+            lower_priority(0);
+            let same = nice();
+            lower_priority(3);
+            (before, same, nice(), std::thread::spawn(nice).join().expect("helper"))
+        })
+        .join()
+        .expect("lowered thread");
+        assert_eq!(same, before);
+        assert_eq!(lowered, (before + 3).min(19));
+        assert_eq!(helper, lowered);
+        assert_eq!(nice(), mine);
+    }
+
+    /// The pool's threads run its steps `nice` steps below the thread that started it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_pools_threads_run_below_the_worker() {
+        let pool: &'static Pool = Box::leak(Box::default());
+        spawn(pool, 2, 4);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for key in 0..2 {
+            let tx = tx.clone();
+            pool.queue.lock().unwrap().push(Step { key: (key, 0), run: Box::new(move || tx.send(nice()).unwrap()) });
+            pool.ready.notify_one();
+        }
+        let seen = [rx.recv().unwrap(), rx.recv().unwrap()];
+        assert_eq!(seen, [(nice() + 4).min(19); 2]);
     }
 
     #[tokio::test]

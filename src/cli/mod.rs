@@ -117,9 +117,9 @@ fn chain(e: &anyhow::Error) -> String {
 
 /// The worker's async runtime — `pipeline.async_threads` async threads and a blocking pool (blocking client calls,
 /// store reads and conversions) of up to one thread per `pipeline.workers` and one more — after starting the
-/// documents' CPU pool (`pool`: `pipeline.workers` threads for the CPU-bound stages).
+/// documents' CPU pool (`pool`: `pipeline.workers` threads for the CPU-bound stages, `pipeline.workers_nice` below).
 pub fn runtime(settings: &Settings) -> anyhow::Result<tokio::runtime::Runtime> {
-    crate::pool::start(settings.worker_threads());
+    crate::pool::start(settings.worker_threads(), settings.pipeline.workers_nice);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.async_threads())
         .max_blocking_threads(settings.worker_threads() + 1)

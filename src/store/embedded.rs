@@ -81,25 +81,6 @@ struct Slots {
     nice: i32,
 }
 
-/// Lowers the calling thread's scheduling priority by `nice` steps (Linux: a thread's nice value, inherited by the
-/// threads it starts, such as the HNSW builders); elsewhere, or at 0, nothing. A thread cannot raise its priority
-/// back without privilege, so it is called on a thread of its own.
-fn lower_priority(nice: i32) {
-    #[cfg(target_os = "linux")]
-    if nice > 0 {
-        // SAFETY: plain system calls on the calling thread's id; no memory is shared with them.
-        unsafe {
-            let tid = libc::gettid() as libc::id_t;
-            let now = libc::getpriority(libc::PRIO_PROCESS as _, tid);
-            if libc::setpriority(libc::PRIO_PROCESS as _, tid, (now + nice).min(19)) != 0 {
-                tracing::debug!("Could not lower the store maintenance's priority.");
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
-}
-
 impl Drop for Shard {
     fn drop(&mut self) {
         // The thread ends when its channel closes; joining it releases its handle on the engine, so the directory
@@ -394,7 +375,7 @@ impl Shard {
             // input's offsets wait for come first and maintenance takes what they leave), joined from the
             // blocking pool so that a runtime shutting down gives it `store.maintenance_wait_ms` as before.
             let maintain = move || {
-                lower_priority(nice);
+                crate::pool::lower_priority(nice);
                 let clock = Instant::now();
                 let shard = ending.engine.as_ref().expect("held until the end");
                 match shard.flush().and_then(|()| shard.optimize()) {
@@ -906,31 +887,6 @@ mod tests {
 
     fn hit(id: &str, score: f32) -> Hit {
         Hit { id: id.into(), score, payload: Default::default(), found: Default::default() }
-    }
-
-    /// Maintenance runs below the worker's priority, and so do the threads it starts (the HNSW builders); the
-    /// thread that asked is untouched, and 0 changes nothing.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_maintenance_thread_and_its_helpers_run_at_a_lower_priority() {
-        fn nice() -> i32 {
-            // SAFETY: reads the calling thread's nice value.
-            unsafe { libc::getpriority(libc::PRIO_PROCESS as _, libc::gettid() as libc::id_t) }
-        }
-        let mine = nice();
-        let (before, same, lowered, helper) = std::thread::spawn(|| {
-            let before = nice();
-            lower_priority(0);
-            let same = nice();
-            lower_priority(3);
-            (before, same, nice(), std::thread::spawn(nice).join().expect("helper"))
-        })
-        .join()
-        .expect("maintenance thread");
-        assert_eq!(same, before);
-        assert_eq!(lowered, (before + 3).min(19));
-        assert_eq!(helper, lowered);
-        assert_eq!(nice(), mine);
     }
 
     /// A maintenance that panics (or never starts) still gives back its slot and marks its shard idle, so the
