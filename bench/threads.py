@@ -10,8 +10,8 @@ While it runs, every thread's CPU time and the time it was runnable but waiting 
 schedstat: `/proc/PID/task/TID/schedstat`) are read every 50 ms and kept per thread role (the name the worker gives
 its threads: `clinstream` for the async runtime and the blocking pool, `clinstream-cpu-N` for the documents' CPU
 pool, `clinstream-store-N` for an embedded shard's writer, `clinstream-embed` for the model thread,
-`clinstream-maint` for a maintenance), beside the share of the machine's cores that were busy (`/proc/stat`) over
-the same time. The notes/s are the run's own (`clinstream run`'s summary). Linux only; standard library only."""
+`clinstream-maint` for a maintenance and `hnsw-build-N` for the graph builders it starts), beside the share of the
+machine's cores that were busy (`/proc/stat`) over the same time. The notes/s are the run's own (`clinstream run`'s summary). Linux only; standard library only."""
 import json, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +21,8 @@ import kafka_e2e  # noqa: E402
 def role(comm):
     # The kernel keeps 15 characters of a thread's name.
     for prefix, name in (("clinstream-stor", "store writers and their threads"), ("clinstream-embe", "model thread"),
-                         ("clinstream-main", "maintenance"), ("clinstream-cpu-", "CPU pool")):
+                         ("clinstream-main", "maintenance"), ("hnsw-build-", "maintenance"),
+                         ("clinstream-cpu-", "CPU pool")):
         if comm.startswith(prefix):
             return name
     return "runtime and blocking pool" if comm == "clinstream" else "other"

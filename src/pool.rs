@@ -109,6 +109,56 @@ pub(crate) fn lower_priority(nice: i32) {
     let _ = nice;
 }
 
+/// Lowers the calling thread's priority by `nice` steps and keeps it, and every thread it starts, from setting
+/// itself back above that. A process that may raise priority (root, or `CAP_SYS_NICE`) lets any of its threads do
+/// so, and the store engine's graph builders set themselves to nice 9 whatever they inherit (thread-priority's
+/// "low" priority); so the thread, on Linux, also gives up that capability — its own, as Linux keeps
+/// capabilities per thread: the rest of the worker keeps it. Without the capability, a thread can still lower its
+/// priority further, never raise it. For a thread that runs one task and ends (a store maintenance).
+pub(crate) fn lower_priority_for_good(nice: i32) {
+    lower_priority(nice);
+    #[cfg(target_os = "linux")]
+    if nice > 0 && drop_sys_nice().is_err() {
+        tracing::debug!("Could not give up a thread's CAP_SYS_NICE.");
+    }
+}
+
+/// Clears `CAP_SYS_NICE` from the calling thread's effective and permitted capabilities (capget/capset on the
+/// thread itself: `pid` 0); nothing to do when it does not hold it.
+#[cfg(target_os = "linux")]
+fn drop_sys_nice() -> std::io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    const SYS_NICE: u32 = 1 << 23;
+    let mut header = Header { version: VERSION_3, pid: 0 };
+    let mut data = [Data::default(); 2];
+    // SAFETY: the kernel writes two `Data` records (version 3) into `data`, which holds two.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if (data[0].effective | data[0].permitted) & SYS_NICE == 0 {
+        return Ok(());
+    }
+    data[0].effective &= !SYS_NICE;
+    data[0].permitted &= !SYS_NICE;
+    // SAFETY: the same two records, read above, with one bit cleared; applies to the calling thread only.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn pool() -> &'static Pool {
     if let Some(pool) = POOL.get() {
         return pool;
@@ -197,6 +247,32 @@ mod tests {
         assert_eq!(same, before);
         assert_eq!(lowered, (before + 3).min(19));
         assert_eq!(helper, lowered);
+        assert_eq!(nice(), mine);
+    }
+
+    /// A thread lowered for good stays there, and so do the threads it starts, even those that set their own
+    /// priority as the store engine's graph builders do (thread-priority's low priority: nice 9) in a process that
+    /// may raise priority (root, `CAP_SYS_NICE`); the thread that asked keeps its priority.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_thread_lowered_for_good_and_its_helpers_stay_below() {
+        fn set_nine() -> i32 {
+            // SAFETY: sets the calling thread's nice value, as thread-priority does.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS as _, 0, 9) };
+            nice()
+        }
+        let mine = nice();
+        // At least nice 10, so that nice 9 would be a step up.
+        let steps = (15 - mine).max(1);
+        let target = (mine + steps).min(19);
+        let (lowered, helper) = std::thread::spawn(move || {
+            lower_priority_for_good(steps);
+            (nice(), std::thread::spawn(set_nine).join().expect("helper"))
+        })
+        .join()
+        .expect("lowered thread");
+        assert_eq!(lowered, target);
+        assert_eq!(helper, target, "a helper set itself above the thread that started it");
         assert_eq!(nice(), mine);
     }
 

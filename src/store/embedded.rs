@@ -22,8 +22,9 @@
 //! size, its total cost stays proportional to the points written. Shards written evenly fall due together, so at
 //! most `store.maintain_concurrency` shards are maintained at once (`Slots`); the others wait their turn, and a
 //! waiting shard's next maintenance covers what it gathered meanwhile. A maintenance runs on a thread of its own
-//! `store.maintain_nice` steps below the worker's priority (Linux), it and the graph builders it starts: where the
-//! pipeline keeps the cores busy, the writes that acknowledgements wait for come first.
+//! `store.maintain_nice` steps below the worker's priority (Linux), it and the graph builders it starts (which set
+//! themselves to nice 9: the thread gives up `CAP_SYS_NICE` so that, in a root process too, they cannot go above
+//! it): where the pipeline keeps the cores busy, the writes that acknowledgements wait for come first.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -375,7 +376,7 @@ impl Shard {
             // input's offsets wait for come first and maintenance takes what they leave), joined from the
             // blocking pool so that a runtime shutting down gives it `store.maintenance_wait_ms` as before.
             let maintain = move || {
-                crate::pool::lower_priority(nice);
+                crate::pool::lower_priority_for_good(nice);
                 let clock = Instant::now();
                 let shard = ending.engine.as_ref().expect("held until the end");
                 match shard.flush().and_then(|()| shard.optimize()) {
