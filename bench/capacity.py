@@ -17,7 +17,10 @@ MTSamples notes:
   `pipeline.in_flight` documents at once;
 
 each in notes/s, and the ratio of the first to the smaller of the other two (1.0: the worker runs at the pace of
-its slowest part; the goal is at least 0.8). File-mode notes/s are the run's own (`clinstream run`'s summary:
+its slowest part; the goal is at least 0.8), with the share of the machine's cores busy during the end-to-end run
+(`/proc/stat` sampled every 50 ms over the run's own clock: the worker, and the broker and a Qdrant server where they
+run on the same machine): near 1, the cores themselves are the bound — the parts' CPU together — rather than a wait
+inside the worker. File-mode notes/s are the run's own (`clinstream run`'s summary:
 from the first note to the store flushed, start-up excluded); Kafka-mode ones from every worker ready to the input
 offsets committed (bench/kafka_e2e.py), with the share of the cores the broker took in each (it runs on the same
 cores here) and the worker's own CPU milliseconds per note. Both clocks stop when the points are durable, before most of the segment maintenance their writes
@@ -27,7 +30,7 @@ has finished (`bench store --settled`), and the file run until its process exits
 entries alternating, and keeps each one's best. CAPACITY_MODES (default "file kafka") and the worker's own
 environment (CLINSTREAM__STORE__SHARDS, CLINSTREAM__PIPELINE__IN_FLIGHT, ...) pass through. Standard library
 only."""
-import json, os, re, shutil, subprocess, sys, tempfile, time
+import json, os, re, shutil, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kafka_e2e  # noqa: E402
@@ -53,19 +56,51 @@ def file_run(bin_, events, work, env):
     # store.maintenance_wait_ms), so the process's time after start-up is the run with that maintenance.
     e.setdefault("CLINSTREAM__STORE__MAINTENANCE_WAIT_MS", "900000")
     began = time.time()
-    p = subprocess.run([bin_, "run", "--no-progress", "--input", events, "--out", out], env=e,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wall = time.time() - began
+    with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
+        p = subprocess.Popen([bin_, "run", "--no-progress", "--input", events, "--out", out], env=e, stdout=so,
+                             stderr=se, text=True)
+        # The machine's busy share is read every 50 ms, to be taken over the run's own clock afterwards.
+        samples = [(time.time(), *machine_jiffies())]
+        while p.poll() is None:
+            time.sleep(0.05)
+            samples.append((time.time(), *machine_jiffies()))
+        wall = time.time() - began
+        so.seek(0)
+        se.seek(0)
+        stdout, stderr = so.read(), se.read()
     if p.returncode not in (0, 3):
-        sys.exit(f"clinstream run: exit {p.returncode}: {p.stderr[-2000:]}")
-    m = re.search(r"\(([\d.]+) notes/s", p.stdout)
-    startup = re.search(r"start-up\s+([\d.]+) s", p.stdout)
-    if not m or not startup:
-        sys.exit(f"clinstream run printed no rate: {p.stdout[-1000:]}")
-    docs = int(re.search(r"documents written\s+(\d+)", p.stdout).group(1))
+        sys.exit(f"clinstream run: exit {p.returncode}: {stderr[-2000:]}")
+    m = re.search(r"\(([\d.]+) notes/s", stdout)
+    startup = re.search(r"start-up\s+([\d.]+) s", stdout)
+    took = re.search(r"time\s+([\d.]+) s", stdout)
+    if not m or not startup or not took:
+        sys.exit(f"clinstream run printed no rate: {stdout[-1000:]}")
+    docs = int(re.search(r"documents written\s+(\d+)", stdout).group(1))
     kind = env.get("CLINSTREAM__STORE__KIND", "none")
     FILE_SETTLED[kind] = max(FILE_SETTLED.get(kind, 0.0), docs / max(wall - float(startup.group(1)), 1e-9))
-    return float(m.group(1))
+    rate = float(m.group(1))
+    if rate > FILE_BUSY.get(kind, (0.0, 0.0))[0]:
+        first = began + float(startup.group(1))
+        FILE_BUSY[kind] = (rate, busy_between(samples, first, first + float(took.group(1))))
+    return rate
+
+
+def machine_jiffies():
+    """The machine's busy and total CPU time so far (`/proc/stat`, every core; iowait counts as idle)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def busy_between(samples, start, end):
+    """The share of the machine's cores busy between two times, from the samples nearest them."""
+    a = min(samples, key=lambda x: abs(x[0] - start))
+    b = min(samples, key=lambda x: abs(x[0] - end))
+    return round((b[1] - a[1]) / max(b[2] - a[2], 1), 2)
+
+
+# File mode, by store: the machine's busy share over the best run's own clock (its rate, the share).
+FILE_BUSY = {}
 
 
 # File mode, by store: notes/s from the end of start-up to the process's exit, the maintenance included.
@@ -77,16 +112,33 @@ FILE_SETTLED = {}
 # state to disk every few seconds while topics change; docs/benchmarks.md).
 BROKER_SHARE = {}
 WORKER_CPU_MS = {}
+KAFKA_BUSY = {}
 
 
 def kafka_run(bin_, events, n, work, env, key):
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        r = kafka_e2e.run(bin_, events, n, 1, work)
+        samples, done = [], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                samples.append((time.time(), *machine_jiffies()))
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            r = kafka_e2e.run(bin_, events, n, 1, work)
+        finally:
+            done.set()
+            sampler.join()
         if r["notes_per_s"] > BROKER_SHARE.get(key, (0.0, 0.0))[0]:
             share = r["cpu_seconds"]["broker"] / (r["cores"] * r["seconds_to_committed"])
             BROKER_SHARE[key] = (r["notes_per_s"], round(share, 2))
+            # The machine's busy share from every worker ready to the commit: the worker, the broker and, with
+            # a Qdrant server on the same machine, the server.
+            KAFKA_BUSY[key] = busy_between(samples, *r["clock"])
             # The worker's own CPU per note up to the commit (its consumer, stages, store writes and producer).
             WORKER_CPU_MS[key] = round(1000 * r["cpu_seconds"]["workers"] / n, 2)
         return r["notes_per_s"]
@@ -154,7 +206,10 @@ def main():
                 rows.append({"intake": mode, "store": store, "e2e_synthetic_notes_per_s": round(e2e, 1),
                              "text_only_notes_per_s": round(text, 1), "store_alone_notes_per_s": round(st, 1),
                              "ratio_to_bound": round(e2e / min(text, st), 3),
-                             "bound": "text stages" if text < st else "store writes"})
+                             "bound": "text stages" if text < st else "store writes",
+                             # How full the machine was in the end-to-end run: near 1, the cores are the bound
+                             # (the parts' CPU together), not a wait inside the worker.
+                             "e2e_cores_busy": FILE_BUSY[store][1] if mode == "file" else KAFKA_BUSY[store]})
                 if mode == "file" and store in SETTLED and store in FILE_SETTLED:
                     # Both sides with the maintenance their writes started (an embedded store only).
                     rows[-1]["store_alone_settled_notes_per_s"] = round(SETTLED[store], 1)
@@ -172,7 +227,7 @@ def main():
         for r in rows:
             print(f"  {r['intake']:<6}{r['store']:<9} e2e (synthetic) {r['e2e_synthetic_notes_per_s']:8.0f}   "
                   f"text only {r['text_only_notes_per_s']:8.0f}   store alone {r['store_alone_notes_per_s']:8.0f}   "
-                  f"e2e / min = {r['ratio_to_bound']:.2f}"
+                  f"e2e / min = {r['ratio_to_bound']:.2f}   cores busy in e2e {r['e2e_cores_busy']:.2f}"
                   + (f"\n{'':15}with the maintenance their writes start: e2e {r['e2e_settled_notes_per_s']:8.0f}"
                      f"   store alone {r['store_alone_settled_notes_per_s']:8.0f}   e2e / store = {r['settled_ratio']:.2f}"
                      if "settled_ratio" in r else "")

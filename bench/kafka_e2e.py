@@ -228,6 +228,7 @@ def run(bin_, events_path, n, workers, work):
         busiest = max(shown, key=shown.get) if shown else None
         return {
             "workers": workers, "notes": n, "chunking": chunking(env), "seconds_to_committed": round(committed - start, 2),
+            "clock": [start, committed],
             "notes_per_s": round(n / (committed - start), 2), "notes_per_s_finished": round(n / (finished - start), 2),
             "embed_tokens": int(tokens), "stage_seconds": {k: round(v, 2) for k, v in sorted(shown.items())},
             "bottleneck": busiest,

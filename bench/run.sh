@@ -396,7 +396,8 @@ if capacity:
     for r in capacity["rows"]:
         print(f"  {r['intake']:<6}{r['store']:<9}end to end (synthetic embedder) {r['e2e_synthetic_notes_per_s']:7.0f}   "
               f"text stages only {r['text_only_notes_per_s']:7.0f}   store writes alone {r['store_alone_notes_per_s']:7.0f}   "
-              f"ratio {r['ratio_to_bound']:.2f} (bound: {r['bound']})")
+              f"ratio {r['ratio_to_bound']:.2f} (bound: {r['bound']}; cores busy end to end "
+              f"{r.get('e2e_cores_busy') or 0:.2f})")
 if retrieval:
     print(f"retrieval on the qa set (budget {retrieval['budget_tokens']} tokens, the indexer's own chunks); evidence "
           f"recall and answer accuracy, in points against {retrieval['reference']} (and a model variant against the "
