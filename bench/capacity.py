@@ -56,47 +56,52 @@ def file_run(bin_, events, work, env):
     # store.maintenance_wait_ms), so the process's time after start-up is the run with that maintenance.
     e.setdefault("CLINSTREAM__STORE__MAINTENANCE_WAIT_MS", "900000")
     began = time.time()
-    with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
-        p = subprocess.Popen([bin_, "run", "--no-progress", "--input", events, "--out", out], env=e, stdout=so,
-                             stderr=se, text=True)
-        # The machine's busy share is read every 50 ms, to be taken over the run's own clock afterwards.
-        samples = [(time.time(), *machine_jiffies())]
-        while p.poll() is None:
-            time.sleep(0.05)
-            samples.append((time.time(), *machine_jiffies()))
-        wall = time.time() - began
-        so.seek(0)
-        se.seek(0)
-        stdout, stderr = so.read(), se.read()
+    with Busy() as busy:
+        p = subprocess.run([bin_, "run", "--no-progress", "--input", events, "--out", out], env=e,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wall = time.time() - began
     if p.returncode not in (0, 3):
-        sys.exit(f"clinstream run: exit {p.returncode}: {stderr[-2000:]}")
-    m = re.search(r"\(([\d.]+) notes/s", stdout)
-    startup = re.search(r"start-up\s+([\d.]+) s", stdout)
-    took = re.search(r"time\s+([\d.]+) s", stdout)
+        sys.exit(f"clinstream run: exit {p.returncode}: {p.stderr[-2000:]}")
+    m = re.search(r"\(([\d.]+) notes/s", p.stdout)
+    startup = re.search(r"start-up\s+([\d.]+) s", p.stdout)
+    took = re.search(r"time\s+([\d.]+) s", p.stdout)
     if not m or not startup or not took:
-        sys.exit(f"clinstream run printed no rate: {stdout[-1000:]}")
-    docs = int(re.search(r"documents written\s+(\d+)", stdout).group(1))
+        sys.exit(f"clinstream run printed no rate: {p.stdout[-1000:]}")
+    docs = int(re.search(r"documents written\s+(\d+)", p.stdout).group(1))
     kind = env.get("CLINSTREAM__STORE__KIND", "none")
     FILE_SETTLED[kind] = max(FILE_SETTLED.get(kind, 0.0), docs / max(wall - float(startup.group(1)), 1e-9))
     rate = float(m.group(1))
     if rate > FILE_BUSY.get(kind, (0.0, 0.0))[0]:
         first = began + float(startup.group(1))
-        FILE_BUSY[kind] = (rate, busy_between(samples, first, first + float(took.group(1))))
+        FILE_BUSY[kind] = (rate, busy.between(first, first + float(took.group(1))))
     return rate
 
 
-def machine_jiffies():
-    """The machine's busy and total CPU time so far (`/proc/stat`, every core; iowait counts as idle)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return sum(v) - v[3] - v[4], sum(v)
+class Busy:
+    """The machine's busy and total CPU ticks, sampled every 50 ms on a thread of its own while the `with` block
+    runs, so that its busy share can be taken afterwards over any stretch of it (a run's own clock)."""
 
+    def __enter__(self):
+        self.samples, self.done = [], threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+        return self
 
-def busy_between(samples, start, end):
-    """The share of the machine's cores busy between two times, from the samples nearest them."""
-    a = min(samples, key=lambda x: abs(x[0] - start))
-    b = min(samples, key=lambda x: abs(x[0] - end))
-    return round((b[1] - a[1]) / max(b[2] - a[2], 1), 2)
+    def sample(self):
+        while True:
+            self.samples.append((time.time(), *kafka_e2e.machine_jiffies()))
+            if self.done.wait(0.05):
+                return
+
+    def __exit__(self, *_):
+        self.done.set()
+        self.thread.join()
+
+    def between(self, start, end):
+        """The share of the machine's cores busy between two times, from the samples nearest them."""
+        a = min(self.samples, key=lambda x: abs(x[0] - start))
+        b = min(self.samples, key=lambda x: abs(x[0] - end))
+        return round((b[1] - a[1]) / max(b[2] - a[2], 1), 2)
 
 
 # File mode, by store: the machine's busy share over the best run's own clock (its rate, the share).
@@ -119,26 +124,14 @@ def kafka_run(bin_, events, n, work, env, key):
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        samples, done = [], threading.Event()
-
-        def sample():
-            while not done.is_set():
-                samples.append((time.time(), *machine_jiffies()))
-                time.sleep(0.05)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
+        with Busy() as busy:
             r = kafka_e2e.run(bin_, events, n, 1, work)
-        finally:
-            done.set()
-            sampler.join()
         if r["notes_per_s"] > BROKER_SHARE.get(key, (0.0, 0.0))[0]:
             share = r["cpu_seconds"]["broker"] / (r["cores"] * r["seconds_to_committed"])
             BROKER_SHARE[key] = (r["notes_per_s"], round(share, 2))
             # The machine's busy share from every worker ready to the commit: the worker, the broker and, with
             # a Qdrant server on the same machine, the server.
-            KAFKA_BUSY[key] = busy_between(samples, *r["clock"])
+            KAFKA_BUSY[key] = busy.between(*r["clock"])
             # The worker's own CPU per note up to the commit (its consumer, stages, store writes and producer).
             WORKER_CPU_MS[key] = round(1000 * r["cpu_seconds"]["workers"] / n, 2)
         return r["notes_per_s"]

@@ -11,7 +11,8 @@ schedstat: `/proc/PID/task/TID/schedstat`) are read every 50 ms and kept per thr
 its threads: `clinstream` for the async runtime and the blocking pool, `clinstream-cpu-N` for the documents' CPU
 pool, `clinstream-store-N` for an embedded shard's writer, `clinstream-embed` for the model thread,
 `clinstream-maint` for a maintenance and `hnsw-build-N` for the graph builders it starts), beside the share of the
-machine's cores that were busy (`/proc/stat`) over the same time. The notes/s are the run's own (`clinstream run`'s summary). Linux only; standard library only."""
+machine's cores that were busy (`/proc/stat`) over the same time. The notes/s are the run's own (`clinstream run`'s
+summary). Linux only; standard library only."""
 import json, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,12 +27,6 @@ def role(comm):
         if comm.startswith(prefix):
             return name
     return "runtime and blocking pool" if comm == "clinstream" else "other"
-
-
-def cores():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return sum(v), v[3] + v[4]
 
 
 def threads(pid):
@@ -61,16 +56,16 @@ def main():
         env.update(extra)
         p = subprocess.Popen([bin_, "run", "--no-progress", "--input", events, "--out", out], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        seen, first = {}, cores()
+        seen, first = {}, kafka_e2e.machine_jiffies()
         while p.poll() is None:
             seen.update(threads(p.pid))
             time.sleep(0.05)
-        last = cores()
+        last = kafka_e2e.machine_jiffies()
         stdout, stderr = p.communicate()
         if p.returncode not in (0, 3):
             sys.exit(f"clinstream run: exit {p.returncode}: {stderr[-2000:]}")
         m = re.search(r"\(([\d.]+) notes/s", stdout)
-        total, idle = last[0] - first[0], last[1] - first[1]
+        busy, total = last[0] - first[0], last[1] - first[1]
         roles = {}
         for name, cpu, wait in seen.values():
             r = roles.setdefault(name, {"threads": 0, "cpu_s": 0.0, "runqueue_wait_s": 0.0})
@@ -78,7 +73,7 @@ def main():
             r["cpu_s"] = round(r["cpu_s"] + cpu, 2)
             r["runqueue_wait_s"] = round(r["runqueue_wait_s"] + wait, 2)
         result = {"notes": n, "notes_per_s": float(m.group(1)) if m else None,
-                  "cores_busy": round(1 - idle / max(total, 1), 3), "cores": os.cpu_count(), "env": extra,
+                  "cores_busy": round(busy / max(total, 1), 3), "cores": os.cpu_count(), "env": extra,
                   "roles": roles}
         print(f"{result['notes_per_s']} notes/s, cores busy {result['cores_busy']:.2f} of {os.cpu_count()}",
               file=sys.stderr)
