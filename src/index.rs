@@ -22,7 +22,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qdrant_edge::bm25_embed::EdgeBm25;
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
@@ -80,7 +79,7 @@ struct Trees {
     /// Summaries stored by their text's embedding (`raptor.summary_vectors = "text"`), or their members' mean.
     embed_text: bool,
     max_leaves: usize,
-    bm25: EdgeBm25,
+    bm25: bm25::Encoder,
     model: String,
     lanes: std::sync::Mutex<std::collections::HashMap<String, Arc<TreeLane>>>,
     /// `raptor.abstractive`: the LLM's summaries, asked for after each rebuild (`abstracts`).
@@ -316,7 +315,7 @@ enum ChunkInputs {
 struct Cpu {
     /// For the tokenizer and the model's name (the model itself is only called from async code).
     embedder: Embedder,
-    bm25: EdgeBm25,
+    bm25: bm25::Encoder,
     params: ChunkParams,
     neighbours: usize,
     cross_sections: bool,

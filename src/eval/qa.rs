@@ -1096,7 +1096,7 @@ fn as_hits(ranked: &[(usize, f32)]) -> Vec<crate::store::Hit> {
 /// stopwords, the document side's term-frequency saturation) times Qdrant's IDF modifier over every chunk of the set,
 /// so that `bm25` and `hybrid` here rank what `/v1/search` would rank.
 struct Bm25 {
-    encoder: qdrant_edge::bm25_embed::EdgeBm25,
+    encoder: crate::store::bm25::Encoder,
     docs: Vec<HashMap<u32, f32>>,
     idf: HashMap<u32, f32>,
 }

@@ -89,7 +89,7 @@ pub struct Reader {
     labels: tokio::sync::OnceCell<LabelIndex>,
     /// True while `prepare` builds the label index.
     preparing: std::sync::atomic::AtomicBool,
-    bm25: qdrant_edge::bm25_embed::EdgeBm25,
+    bm25: bm25::Encoder,
     counter: Counter,
     settings: crate::config::ServeSettings,
     /// CPTF's token-importance model, loaded by the first request that asks for compression.

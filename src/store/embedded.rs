@@ -439,7 +439,10 @@ fn engine_point(p: Point) -> Result<qdrant_edge::PointStruct, StoreError> {
             qdrant_edge::Vector::new_sparse(p.sparse.indices, p.sparse.values).map_err(fatal("sparse vector"))?;
         Vectors::new_named([(DENSE.to_string(), qdrant_edge::Vector::new_dense(p.dense)), (SPARSE.to_string(), sparse)])
     };
-    Ok(qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(p.payload)))
+    // The payload handed over as it is: `PointStruct::new` would collect the map into a new one, key by key.
+    let mut point = qdrant_edge::PointStruct::new(PointId::Uuid(p.id), vectors, Value::Object(Default::default()));
+    point.0.payload = Some(Payload(p.payload));
+    Ok(point)
 }
 
 /// Upserts points into one shard in updates of at most `batch` points (on its writer thread).
