@@ -421,6 +421,9 @@ pub struct StoreSettings {
     pub maintain_concurrency: usize,
     /// Embedded store: how many nice steps below the worker a maintenance runs (Linux; 0 = the same priority).
     pub maintain_nice: i32,
+    /// Embedded store: a maintenance's optimisation (merges, graphs, payload indexes) runs in Linux's idle
+    /// scheduling class, on CPU time no other thread wants; false: at `maintain_nice` like its flush.
+    pub maintain_idle: bool,
     /// Embedded store: a segment whose vectors pass this many KB is rebuilt by maintenance with its HNSW graph and
     /// compact payload indexes; 0 = never (exact search).
     pub index_threshold_kb: usize,

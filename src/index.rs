@@ -40,6 +40,10 @@ mod abstracts;
 mod queue;
 mod vectors;
 
+/// The fields of a chunk point's payload: the document's ten and the chunk's nineteen (`Cpu::payload`). Its maps are
+/// made with room for them all (a window point's twenty fit too), so no payload's hash table grows while filled.
+const CHUNK_FIELDS: usize = 29;
+
 /// The chunker, the store, and how long to ride out the store.
 pub struct Indexer {
     chunker: Chunker,
@@ -890,13 +894,14 @@ impl Cpu {
     ) -> Vec<Point> {
         let note = &doc.note;
         let ids: Vec<uuid::Uuid> = chunks.iter().map(|c| store::point_id(&note.doc_id, version, c.index)).collect();
+        let fields = self.document_fields(doc, version);
         chunks
             .iter()
             .zip(vectors)
             .map(|(c, dense)| Point {
                 id: ids[c.index],
                 sparse: bm25::sparse_document(&self.bm25, &note.text[c.start..c.end]),
-                payload: self.payload(doc, c, units, &ids, version),
+                payload: self.payload(doc, &fields, c, units, &ids),
                 dense,
             })
             .collect()
@@ -908,10 +913,11 @@ impl Cpu {
         let relations = query::windows::relations(&doc.kg);
         let windows =
             query::windows::build(&doc.note.text, &doc.sections, &doc.mentions, &relations, lexicon, self.window_words);
+        let fields = self.document_fields(doc, version);
         windows
             .into_iter()
             .map(|w| {
-                let mut p = self.document_fields(doc, version);
+                let mut p = fields.clone();
                 p.insert("record".into(), store::WINDOW.into());
                 p.insert("window_index".into(), w.index.into());
                 p.insert("start".into(), w.start.into());
@@ -932,13 +938,15 @@ impl Cpu {
             .collect()
     }
 
-    /// The fields every point of a document version carries (patient, encounter, ids, date, type, versions).
+    /// The fields every point of a document version carries (patient, encounter, ids, date, type, versions), made
+    /// once per document and cloned into each point's payload: a clone copies the map's hash table as it is, where
+    /// inserting hashes every key again. Its table has room for a whole chunk payload's fields.
     fn document_fields(&self, doc: &Document, version: &str) -> Map<String, Value> {
         let note = &doc.note;
         let doc_type = note.doc_type.as_ref().and_then(|t| {
             t.text.clone().or_else(|| t.coding.iter().find_map(|c| c.display.clone().or_else(|| c.code.clone())))
         });
-        let mut p = Map::new();
+        let mut p = Map::with_capacity(CHUNK_FIELDS);
         p.insert("patient".into(), note.patient.clone().map_or(Value::Null, Value::from));
         p.insert("encounter".into(), note.encounter.clone().map_or(Value::Null, Value::from));
         p.insert("doc_id".into(), note.doc_id.clone().into());
@@ -955,10 +963,10 @@ impl Cpu {
     fn payload(
         &self,
         doc: &Document,
+        fields: &Map<String, Value>,
         c: &Chunk,
         units: &[Unit],
         ids: &[uuid::Uuid],
-        version: &str,
     ) -> Map<String, Value> {
         let note = &doc.note;
         let lexicon = &self.compiled.lexicon;
@@ -975,20 +983,27 @@ impl Cpu {
             if !kinds.contains(&kind) {
                 kinds.push(kind);
             }
-            let term = lexicon.concept(m.concept).preferred.clone();
-            if !terms.contains(&term) {
+            let term = &lexicon.concept(m.concept).preferred;
+            if !terms.contains(term) {
                 terms.push(term.clone());
             }
-            entities.push(json!({
-                "kind": kind, "term": term, "start": m.start - c.start, "end": m.end - c.start,
-                "negated": m.assertion.negated, "uncertain": m.assertion.uncertain,
-                "historical": m.assertion.historical, "family": m.assertion.family,
-                "hypothetical": m.assertion.hypothetical, "differential": m.assertion.differential,
-            }));
+            let a = &m.assertion;
+            let mut e = Map::with_capacity(10);
+            e.insert("kind".into(), kind.into());
+            e.insert("term".into(), term.as_str().into());
+            e.insert("start".into(), (m.start - c.start).into());
+            e.insert("end".into(), (m.end - c.start).into());
+            e.insert("negated".into(), a.negated.into());
+            e.insert("uncertain".into(), a.uncertain.into());
+            e.insert("historical".into(), a.historical.into());
+            e.insert("family".into(), a.family.into());
+            e.insert("hypothetical".into(), a.hypothetical.into());
+            e.insert("differential".into(), a.differential.into());
+            entities.push(Value::Object(e));
         }
         let first = c.sections.first().and_then(|&i| doc.sections.get(i));
         let id_at = |i: Option<usize>| i.and_then(|i| ids.get(i)).map_or(Value::Null, |u| Value::from(u.to_string()));
-        let mut p = self.document_fields(doc, version);
+        let mut p = fields.clone();
         p.insert("record".into(), "chunk".into());
         p.insert("section".into(), first.map_or(Value::Null, |s| s.name.into()));
         p.insert("section_title".into(), first.map_or(Value::Null, |s| s.title.clone().into()));
@@ -1014,6 +1029,7 @@ impl Cpu {
         p.insert("entity_terms".into(), terms.into());
         p.insert("entities".into(), entities.into());
         p.insert("concepts".into(), concepts.into());
+        debug_assert!(p.len() <= CHUNK_FIELDS, "a chunk payload has outgrown CHUNK_FIELDS");
         p
     }
 }

@@ -123,6 +123,23 @@ pub(crate) fn lower_priority_for_good(nice: i32) {
     }
 }
 
+/// Puts the calling thread, and every thread it starts from then on, in Linux's idle scheduling class
+/// (`SCHED_IDLE`): it runs on a core only when no thread of an ordinary class wants it there, and a thread of the
+/// worker that wakes takes the core from it at once. Its nice value no longer counts, and the threads it starts
+/// stay in the class even where they set a nice value of their own (the store engine's graph builders keep the
+/// class they inherit). A thread cannot leave the class without privilege, so it is called on a thread that runs
+/// one task and ends (a store maintenance's optimisation); elsewhere than Linux, nothing.
+pub(crate) fn idle_for_good() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain system call on the calling thread (`pid` 0) with a parameter it only reads.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+            tracing::debug!("Could not move a thread to the idle scheduling class.");
+        }
+    }
+}
+
 /// Clears `CAP_SYS_NICE` from the calling thread's effective and permitted capabilities (capget/capset on the
 /// thread itself: `pid` 0); nothing to do when it does not hold it.
 #[cfg(target_os = "linux")]
@@ -274,6 +291,38 @@ mod tests {
         assert_eq!(lowered, target);
         assert_eq!(helper, target, "a helper set itself above the thread that started it");
         assert_eq!(nice(), mine);
+    }
+
+    /// A thread moved to the idle class stays there, and so do the threads it starts, even those that set their
+    /// own priority as the store engine's graph builders do (thread-priority keeps the class and sets a nice value);
+    /// the thread that asked keeps its own class.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_idle_thread_and_its_helpers_stay_idle() {
+        fn class() -> i32 {
+            // SAFETY: reads the calling thread's scheduling class.
+            unsafe { libc::sched_getscheduler(0) }
+        }
+        fn set_nine() -> i32 {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: as thread-priority does on Linux: the class kept, then a nice value.
+            unsafe {
+                libc::pthread_setschedparam(libc::pthread_self(), class(), &param);
+                libc::setpriority(libc::PRIO_PROCESS as _, 0, 9);
+            }
+            class()
+        }
+        let mine = class();
+        assert_ne!(mine, libc::SCHED_IDLE);
+        let (moved, helper) = std::thread::spawn(|| {
+            idle_for_good();
+            (class(), std::thread::spawn(set_nine).join().expect("helper"))
+        })
+        .join()
+        .expect("idle thread");
+        assert_eq!(moved, libc::SCHED_IDLE);
+        assert_eq!(helper, libc::SCHED_IDLE, "a helper left the idle class");
+        assert_eq!(class(), mine);
     }
 
     /// The pool's threads run its steps `nice` steps below the thread that started it.

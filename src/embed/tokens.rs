@@ -251,14 +251,15 @@ impl Tokens {
 impl Ascii {
     /// What the BERT normalizer does to ASCII text.
     fn map(&self, text: &str) -> String {
-        text.chars()
-            .filter_map(|c| match c {
-                '\t' | '\n' | '\r' if self.clean_text => Some(' '),
-                c if self.clean_text && c.is_ascii_control() => None,
-                c if self.lowercase => Some(c.to_ascii_lowercase()),
-                c => Some(c),
-            })
-            .collect()
+        // Made at its final size: collecting char by char grew it in steps.
+        let mut out = String::with_capacity(text.len());
+        out.extend(text.chars().filter_map(|c| match c {
+            '\t' | '\n' | '\r' if self.clean_text => Some(' '),
+            c if self.clean_text && c.is_ascii_control() => None,
+            c if self.lowercase => Some(c.to_ascii_lowercase()),
+            c => Some(c),
+        }));
+        out
     }
 
     /// Whether `text` holds an added token's content, as written or lowercased.

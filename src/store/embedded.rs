@@ -24,7 +24,10 @@
 //! waiting shard's next maintenance covers what it gathered meanwhile. A maintenance runs on a thread of its own
 //! `store.maintain_nice` steps below the worker's priority (Linux), it and the graph builders it starts (which set
 //! themselves to nice 9: the thread gives up `CAP_SYS_NICE` so that, in a root process too, they cannot go above
-//! it): where the pipeline keeps the cores busy, the writes that acknowledgements wait for come first.
+//! it): where the pipeline keeps the cores busy, the writes that acknowledgements wait for come first. After the
+//! flush, the optimisation moves to the idle scheduling class (`store.maintain_idle`): a nice value still gets a
+//! share of a busy core by weight, where the idle class gets the time no other thread wants and gives the core up
+//! the moment a thread of the pipeline wakes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -80,6 +83,8 @@ struct Slots {
     peak: AtomicUsize,
     /// How far below the worker's scheduling priority a maintenance runs (`store.maintain_nice`).
     nice: i32,
+    /// Whether its optimisation runs in the idle scheduling class (`store.maintain_idle`).
+    idle: bool,
 }
 
 impl Drop for Shard {
@@ -370,16 +375,24 @@ impl Shard {
             let now = slots.running.fetch_add(1, Ordering::SeqCst) + 1;
             slots.peak.fetch_max(now, Ordering::SeqCst);
             m.store_maintenance_shards.with_label_values(&["running"]).inc();
-            let nice = slots.nice;
+            let (nice, idle) = (slots.nice, slots.idle);
             let ending = Ending { engine: Some(shard), slots, permit: Some(permit), running };
             // A thread of its own, at a lower priority (on cores the pipeline keeps busy, the writes that the
             // input's offsets wait for come first and maintenance takes what they leave), joined from the
-            // blocking pool so that a runtime shutting down gives it `store.maintenance_wait_ms` as before.
+            // blocking pool so that a runtime shutting down gives it `store.maintenance_wait_ms` as before. The
+            // flush releases closed WAL segments, so it runs at that priority even on saturated cores; the
+            // optimisation after it, with the graph builders it starts, in the idle class (`store.maintain_idle`).
             let maintain = move || {
                 crate::pool::lower_priority_for_good(nice);
                 let clock = Instant::now();
                 let shard = ending.engine.as_ref().expect("held until the end");
-                match shard.flush().and_then(|()| shard.optimize()) {
+                let optimize = || {
+                    if idle {
+                        crate::pool::idle_for_good();
+                    }
+                    shard.optimize()
+                };
+                match shard.flush().and_then(|()| optimize()) {
                     Ok(optimized) => tracing::debug!(
                         optimized,
                         took_ms = clock.elapsed().as_millis() as u64,
@@ -505,6 +518,7 @@ impl EmbeddedStore {
             running: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             nice: s.maintain_nice,
+            idle: s.maintain_idle,
         });
         let mut shards = Vec::with_capacity(n);
         if n == 1 {
@@ -902,6 +916,7 @@ mod tests {
             running: AtomicUsize::new(1),
             peak: AtomicUsize::new(1),
             nice: 0,
+            idle: false,
         });
         let permit = slots.permits.clone().try_acquire_owned().expect("the one slot");
         let running = Arc::new(AtomicBool::new(true));
