@@ -386,13 +386,7 @@ impl Shard {
                 crate::pool::lower_priority_for_good(nice);
                 let clock = Instant::now();
                 let shard = ending.engine.as_ref().expect("held until the end");
-                let optimize = || {
-                    if idle {
-                        crate::pool::idle_for_good();
-                    }
-                    shard.optimize()
-                };
-                match shard.flush().and_then(|()| optimize()) {
+                match shard.flush().and_then(|()| optimise(shard, idle)) {
                     Ok(optimized) => tracing::debug!(
                         optimized,
                         took_ms = clock.elapsed().as_millis() as u64,
@@ -420,6 +414,15 @@ impl Shard {
             .await;
         });
     }
+}
+
+/// A maintenance's optimisation, on its own thread after the flush: in the idle scheduling class when `idle`
+/// (`store.maintain_idle`; for good, and the graph builders it starts with it), at the thread's priority otherwise.
+fn optimise(shard: &EdgeShard, idle: bool) -> Result<bool, qdrant_edge::OperationError> {
+    if idle {
+        crate::pool::idle_for_good();
+    }
+    shard.optimize()
 }
 
 /// A running maintenance's hold on its shard and slot, given up when it ends however it ends (done, failed, a
@@ -930,6 +933,29 @@ mod tests {
         assert_eq!(slots.permits.available_permits(), 1);
         assert_eq!(slots.running.load(Ordering::SeqCst), 0);
         assert!(!running.load(Ordering::SeqCst));
+    }
+
+    /// A maintenance's optimisation runs in the idle scheduling class with `store.maintain_idle`, at the thread's
+    /// own class without it, on a real shard.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_optimisation_runs_in_the_idle_class_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = crate::config::Settings::load_from(None, Some(Default::default())).unwrap().store;
+        s.path = dir.path().join("q").display().to_string();
+        let shard = Arc::new(open_shard(Path::new(&s.path), &s, Some(4)).unwrap());
+        let class_during = |idle: bool| {
+            let shard = shard.clone();
+            std::thread::spawn(move || {
+                optimise(&shard, idle).unwrap();
+                // SAFETY: reads the calling thread's scheduling class.
+                unsafe { libc::sched_getscheduler(0) }
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(class_during(true), libc::SCHED_IDLE);
+        assert_ne!(class_during(false), libc::SCHED_IDLE);
     }
 
     #[test]
